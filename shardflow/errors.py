@@ -1,0 +1,87 @@
+"""Exception classes shared by every layer.
+
+Every error a user can see names where it happened (shard URL, sample key, byte offset) and why, so
+that a failure in a run over 100,000 shards can be found and fixed without a debugger.
+"""
+
+from __future__ import annotations
+
+
+class ShardflowError(Exception):
+    """Base class: a reason plus the location (url, key, offset) it applies to."""
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        url: str | None = None,
+        key: str | None = None,
+        offset: int | None = None,
+    ) -> None:
+        self.reason = reason
+        self.url = url
+        self.key = key
+        self.offset = offset
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        where = []
+        if self.url is not None:
+            where.append(f"shard {self.url}")
+        if self.key is not None:
+            where.append(f"key {self.key!r}")
+        if self.offset is not None:
+            where.append(f"offset {self.offset}")
+        return f"{', '.join(where)}: {self.reason}" if where else self.reason
+
+    def __reduce__(self):  # keep the fields when crossing process boundaries (Dask, pools)
+        return (_rebuild, (type(self), self.reason, self.url, self.key, self.offset))
+
+    def with_location(self, *, url: str | None = None, key: str | None = None) -> "ShardflowError":
+        """Return a copy that also names url/key where this error did not know them."""
+        return type(self)(
+            self.reason,
+            url=self.url if self.url is not None else url,
+            key=self.key if self.key is not None else key,
+            offset=self.offset,
+        )
+
+
+def _rebuild(cls, reason, url, key, offset):
+    return cls(reason, url=url, key=key, offset=offset)
+
+
+class FormatError(ShardflowError):
+    """The bytes are not a valid (gzip-compressed) tar archive: truncated, bad checksum, corrupt gzip."""
+
+
+class SampleError(ShardflowError):
+    """Members do not form valid samples: duplicate extensions, a key seen twice, unwritable names."""
+
+
+class DecodeError(ShardflowError):
+    """A member's bytes could not be decoded by the codec its extension selects."""
+
+
+class EncodeError(ShardflowError):
+    """A value returned by a job could not be encoded for its extension."""
+
+
+class ShardIOError(ShardflowError):
+    """Opening, reading or writing a URL failed (missing object, network, permissions)."""
+
+
+class PipeError(ShardIOError):
+    """A `pipe:` command failed or was not allowed."""
+
+
+class JobError(ShardflowError):
+    """A job's definition or a user function broke the contract (bad return value, key clash)."""
+
+
+class SkipSample(Exception):
+    """Raise from a job function to drop the current sample; the reason is counted in the stats."""
+
+    def __init__(self, reason: str = "skipped") -> None:
+        self.reason = reason
+        super().__init__(reason)

@@ -1,0 +1,243 @@
+"""Shard specs and opening URLs through fsspec.
+
+A *spec* names a list of shards: a brace pattern (`x-{000000..000554}.tar`, several groups allowed),
+a glob on any fsspec filesystem (`s3://b/train-*.tar`, one listing per pattern), a list of either, or
+`-` for stdin/stdout. Opening goes through fsspec so every scheme it knows works the same way.
+`pipe:CMD` URLs run a shell command and are refused unless the caller allows them, because a spec
+often comes from a config file and should not be able to run programs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import IO, Any, BinaryIO, Sequence
+
+import braceexpand
+import fsspec
+
+from .errors import PipeError, ShardIOError
+
+_GLOB_CHARS = set("*?[")
+PIPE_ENV = "SHARDFLOW_ALLOW_PIPE"
+
+Spec = str | Sequence[str]
+
+
+def expand(spec: Spec, storage_options: dict[str, Any] | None = None) -> list[str]:
+    """Turn a spec into the ordered list of shard URLs it names.
+
+    Brace groups expand in order; patterns with glob characters are listed once each and sorted.
+    A spec with no shards is an error: an empty run is almost always a typo.
+    """
+    parts = [spec] if isinstance(spec, str) else list(spec)
+    urls: list[str] = []
+    for part in parts:
+        if part == "-" or part.startswith("pipe:"):
+            urls.append(part)
+            continue
+        for url in braceexpand.braceexpand(part):
+            if _GLOB_CHARS & set(_path_part(url)):
+                urls.extend(_glob(url, storage_options))
+            else:
+                urls.append(url)
+    if not urls:
+        raise ShardIOError(f"spec {spec!r} names no shards")
+    return urls
+
+
+def _path_part(url: str) -> str:
+    """The part of a URL that can hold glob characters (not the scheme or query)."""
+    return url.split("://", 1)[-1]
+
+
+def _glob(pattern: str, storage_options: dict[str, Any] | None) -> list[str]:
+    fs, path = fsspec.core.url_to_fs(pattern, **(storage_options or {}))
+    matches = sorted(fs.glob(path))
+    if not matches:
+        raise ShardIOError(f"glob {pattern!r} matched no shards")
+    if "://" not in pattern:
+        return matches
+    return [fs.unstrip_protocol(m) for m in matches]
+
+
+def protocol(url: str) -> str:
+    """The fsspec protocol of a URL ('file' for plain paths)."""
+    if url.startswith("pipe:"):
+        return "pipe"
+    if "://" not in url:
+        return "file"
+    return url.split("://", 1)[0]
+
+
+def is_local(url: str) -> bool:
+    return protocol(url) in ("file", "local")
+
+
+def local_path(url: str) -> str:
+    """The filesystem path of a local URL."""
+    return url[len("file://"):] if url.startswith("file://") else url
+
+
+def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The fsspec filesystem and path within it for `url`."""
+    return fsspec.core.url_to_fs(url, **(storage_options or {}))
+
+
+def join(base: str, *names: str) -> str:
+    """Join path parts onto a URL or path with '/' (object stores have no other separator)."""
+    out = base.rstrip("/")
+    for name in names:
+        out = f"{out}/{name.strip('/')}"
+    return out
+
+
+def pipe_allowed(allow_pipe: bool | None) -> bool:
+    if allow_pipe is not None:
+        return allow_pipe
+    return os.environ.get(PIPE_ENV, "") not in ("", "0", "false", "no")
+
+
+def open_read(
+    url: str,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    allow_pipe: bool | None = None,
+    block_size: int | None = None,
+) -> BinaryIO:
+    """Open a shard for streaming reads. Raises ShardIOError naming the URL when it cannot."""
+    if url == "-":
+        return _Unclosable(sys.stdin.buffer)  # type: ignore[return-value]
+    if url.startswith("pipe:"):
+        return PipeStream(url, "rb", allow_pipe=allow_pipe)  # type: ignore[return-value]
+    options = dict(storage_options or {})
+    if block_size is not None and not is_local(url):
+        options.setdefault("block_size", block_size)
+    try:
+        fs, path = fsspec.core.url_to_fs(url, **options)
+        if is_local(url):
+            return open(path, "rb", buffering=1 << 20)
+        return fs.open(path, "rb")
+    except FileNotFoundError as exc:
+        raise ShardIOError("no such file or object", url=url) from exc
+    except (OSError, ValueError) as exc:
+        raise ShardIOError(f"cannot open for reading: {exc}", url=url) from exc
+
+
+def open_write(
+    url: str,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    allow_pipe: bool | None = None,
+) -> BinaryIO:
+    """Open a URL for a streaming write (no atomicity here: see writer.py)."""
+    if url == "-":
+        return _Unclosable(sys.stdout.buffer)  # type: ignore[return-value]
+    if url.startswith("pipe:"):
+        return PipeStream(url, "wb", allow_pipe=allow_pipe)  # type: ignore[return-value]
+    try:
+        fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
+        if is_local(url):
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            return open(path, "wb", buffering=1 << 20)
+        return fs.open(path, "wb")
+    except (OSError, ValueError) as exc:
+        raise ShardIOError(f"cannot open for writing: {exc}", url=url) from exc
+
+
+class _Unclosable:
+    """stdin/stdout wrapper whose close() flushes but leaves the process's stream open."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._stream = stream
+
+    def read(self, n: int = -1) -> bytes:
+        return self._stream.read(n)
+
+    def write(self, data: bytes) -> int:
+        return self._stream.write(data)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def close(self) -> None:
+        if hasattr(self._stream, "flush") and self._stream.writable():
+            self._stream.flush()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class PipeStream:
+    """A `pipe:CMD` stream: the command's stdout (read) or stdin (write).
+
+    The subprocess never outlives the stream: close() closes the pipe, reaps the process and raises
+    PipeError if it exited non-zero, so a failing `curl` is an error rather than a short shard. A
+    reader closed before the end kills the command instead of waiting for it.
+    """
+
+    def __init__(self, url: str, mode: str, *, allow_pipe: bool | None = None) -> None:
+        if not pipe_allowed(allow_pipe):
+            raise PipeError(
+                f"pipe: URLs run shell commands and are off by default; pass allow_pipe=True "
+                f"or set {PIPE_ENV}=1 to allow them",
+                url=url,
+            )
+        self.url = url
+        self.mode = mode
+        command = url[len("pipe:"):]
+        if mode == "rb":
+            self._proc = subprocess.Popen(command, shell=True, stdout=subprocess.PIPE, bufsize=1 << 20)
+            self._pipe = self._proc.stdout
+        else:
+            self._proc = subprocess.Popen(command, shell=True, stdin=subprocess.PIPE, bufsize=1 << 20)
+            self._pipe = self._proc.stdin
+        self._eof = False
+        self._killed = False
+        self.closed = False
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._pipe.read(n)
+        if n < 0 or not data:
+            self._eof = True
+        return data
+
+    def write(self, data: bytes) -> int:
+        return self._pipe.write(data)
+
+    def flush(self) -> None:
+        if self.mode == "wb":
+            self._pipe.flush()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.mode == "rb" and not self._eof:
+            rest = self._pipe.read(1)
+            if rest:  # the reader stopped early: do not wait for a command that may never end
+                self._proc.kill()
+                self._killed = True
+        try:
+            self._pipe.close()
+        except BrokenPipeError:
+            pass
+        status = self._proc.wait()
+        if status != 0 and not self._killed:
+            raise PipeError(f"command exited with status {status}", url=self.url)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "closed", True):
+            self._proc.kill()
+            self._proc.wait()
+

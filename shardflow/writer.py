@@ -1,0 +1,301 @@
+"""Writing shards: atomic commit, rollover by count and size, a receipt per shard.
+
+A shard appears under its final name only when it is complete:
+- local files are written to a hidden temp name in the same directory, fsynced and renamed;
+- object stores (s3, gs, azure, ... any fsspec AbstractBufferedFile) stream to the final key and the
+  multipart/resumable upload is completed only by a clean close, and aborted on error;
+- other filesystems (memory://, ...) are written to a temp name and moved.
+Shards are opened only when their first sample arrives, so no empty shards are ever created.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any, BinaryIO, Callable
+
+from fsspec.spec import AbstractBufferedFile
+
+from . import urls
+from .errors import ShardIOError
+from .samples import Sample, sample_members
+from .tario import BLOCK, TarStreamWriter
+
+TEMP_MARK = ".tmp-"
+# Object stores whose fsspec files upload on close() and can abort instead (discard()).
+STREAMING_UPLOAD_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oci", "oss"})
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """Receipt of a committed shard."""
+
+    url: str
+    nsamples: int
+    nbytes: int
+    sha256: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def temp_name(url: str) -> str:
+    """Hidden sibling name used while `url` is being written (recognisable for clean-up)."""
+    head, _, base = url.rpartition("/")
+    name = f".{base}{TEMP_MARK}{uuid.uuid4().hex[:12]}"
+    return f"{head}/{name}" if head else name
+
+
+def remove_stale_temps(url: str, storage_options: dict[str, Any] | None = None) -> int:
+    """Delete temp files a crashed writer left beside `url`; returns how many were removed."""
+    head, _, base = url.rpartition("/")
+    pattern = urls.join(head, f".{base}{TEMP_MARK}*") if head else f".{base}{TEMP_MARK}*"
+    fs, path = urls.filesystem(pattern, storage_options)
+    stale = fs.glob(path)
+    for name in stale:
+        fs.rm(name)
+    return len(stale)
+
+
+class AtomicOutput:
+    """A binary stream that lands under `url` only on commit(); abort() leaves nothing there."""
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+        self.url = url
+        self._options = storage_options
+        self._fs, self._path = urls.filesystem(url, storage_options)
+        self._temp: str | None = None
+        if urls.is_local(url):
+            self._temp = urls.local_path(temp_name(url))
+            os.makedirs(os.path.dirname(os.path.abspath(self._temp)), exist_ok=True)
+            self._file: Any = open(self._temp, "wb", buffering=1 << 20)
+            return
+        if urls.protocol(url) not in STREAMING_UPLOAD_PROTOCOLS:
+            self._temp = temp_name(self._path)
+        try:
+            self._file = self._fs.open(self._temp or self._path, "wb")
+        except (OSError, ValueError) as exc:
+            raise ShardIOError(f"cannot open for writing: {exc}", url=url) from exc
+
+    def write(self, data: bytes) -> int:
+        return self._file.write(data)
+
+    def commit(self) -> None:
+        """Make the bytes visible under the final name."""
+        try:
+            if urls.is_local(self.url):
+                self._file.flush()
+                os.fsync(self._file.fileno())
+                self._file.close()
+                os.replace(self._temp, urls.local_path(self.url))
+                return
+            self._file.close()
+            if self._temp is not None:
+                self._fs.mv(self._temp, self._path)
+        except (OSError, ValueError) as exc:
+            self.abort()
+            raise ShardIOError(f"commit failed: {exc}", url=self.url) from exc
+
+    def abort(self) -> None:
+        """Throw the partial output away; safe to call more than once."""
+        try:
+            if urls.is_local(self.url):
+                self._file.close()
+                if self._temp and os.path.exists(self._temp):
+                    os.unlink(self._temp)
+                return
+            if isinstance(self._file, AbstractBufferedFile) and not self._file.closed:
+                self._file.discard()  # aborts the multipart / resumable upload
+                self._file.closed = True  # never flush: that would publish a partial object
+            elif not getattr(self._file, "closed", True):
+                self._file.close()
+            if self._temp is not None and self._fs.exists(self._temp):
+                self._fs.rm(self._temp)
+        except (OSError, ValueError):
+            pass
+
+
+class _HashingSink:
+    """Counts and hashes what passes through to the output, so receipts cost no second read."""
+
+    def __init__(self, out: AtomicOutput | BinaryIO, hash_name: str | None) -> None:
+        self._out = out
+        self._hash = hashlib.new(hash_name) if hash_name else None
+        self.nbytes = 0
+
+    def write(self, data: bytes) -> int:
+        if self._hash is not None:
+            self._hash.update(data)
+        self.nbytes += len(data)
+        return self._out.write(data)
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest() if self._hash is not None else ""
+
+
+Encode = Callable[[Sample], Sample]
+
+
+class TarWriter:
+    """Write samples into one tar shard (a URL, committed atomically, or an open binary stream).
+
+    `encoder` turns decoded values into bytes (see codecs.Encoder); without one every value must
+    already be bytes. Use as a context manager: an exception inside the block aborts the shard.
+    """
+
+    def __init__(
+        self,
+        target: str | BinaryIO,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        encoder: Encode | None = None,
+        mtime: int = 0,
+        checksum: str | None = "sha256",
+    ) -> None:
+        self.url = target if isinstance(target, str) else getattr(target, "name", "<stream>")
+        self._atomic = AtomicOutput(target, storage_options) if isinstance(target, str) else None
+        self._sink = _HashingSink(self._atomic if self._atomic is not None else target, checksum)
+        self._tar = TarStreamWriter(self._sink, mtime=mtime)  # type: ignore[arg-type]
+        self._encoder = encoder
+        self.nsamples = 0
+        self.closed = False
+
+    def encoded_members(self, sample: Sample) -> list[tuple[str, bytes]]:
+        """The (name, bytes) members `write(sample)` would add."""
+        return sample_members(self._encoder(sample) if self._encoder else sample)
+
+    def write(self, sample: Sample) -> int:
+        """Add one sample; returns the tar bytes it took."""
+        return self.write_members(self.encoded_members(sample))
+
+    def write_members(self, members: list[tuple[str, bytes]]) -> int:
+        before = self._tar.bytes_written
+        for name, data in members:
+            self._tar.add(name, data)
+        self.nsamples += 1
+        return self._tar.bytes_written - before
+
+    @property
+    def nbytes(self) -> int:
+        return self._tar.bytes_written
+
+    def close(self) -> ShardInfo:
+        """Finish the archive and commit it; returns its receipt."""
+        if self.closed:
+            raise ValueError(f"{self.url} is already closed")
+        self._tar.finish()
+        self.closed = True
+        if self._atomic is not None:
+            self._atomic.commit()
+        return ShardInfo(self.url, self.nsamples, self._sink.nbytes, self._sink.hexdigest())
+
+    def abort(self) -> None:
+        if not self.closed:
+            self.closed = True
+            if self._atomic is not None:
+                self._atomic.abort()
+
+    def __enter__(self) -> "TarWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            if not self.closed:
+                self.close()
+        else:
+            self.abort()
+
+
+def sample_tar_size(members: list[tuple[str, bytes]]) -> int:
+    return sum(TarStreamWriter.member_size(name, len(data)) for name, data in members)
+
+
+def format_shard_name(pattern: str | Callable[[int], str], index: int) -> str:
+    """Shard URL for `index`: a callable, a `{shard:06d}`-style format, or a `%06d` pattern."""
+    if callable(pattern):
+        return pattern(index)
+    if "{" in pattern:
+        return pattern.format(index, shard=index)
+    return pattern % index
+
+
+class ShardWriter:
+    """Write a stream of samples into numbered shards with rollover.
+
+    A new shard starts when the current one holds `maxcount` samples or when the next sample would
+    push it past `maxsize` bytes of tar (so no shard exceeds maxsize unless one sample alone does).
+    """
+
+    def __init__(
+        self,
+        pattern: str | Callable[[int], str],
+        *,
+        maxcount: int = 100_000,
+        maxsize: float = 3e9,
+        start_index: int = 0,
+        storage_options: dict[str, Any] | None = None,
+        encoder: Encode | None = None,
+        mtime: int = 0,
+        checksum: str | None = "sha256",
+        on_commit: Callable[[ShardInfo], None] | None = None,
+    ) -> None:
+        if maxcount < 1 or maxsize < 3 * BLOCK:
+            raise ValueError("maxcount must be >= 1 and maxsize >= 1536 bytes")
+        self.pattern = pattern
+        self.maxcount = maxcount
+        self.maxsize = int(maxsize)
+        self.index = start_index
+        self.shards: list[ShardInfo] = []
+        self._options = storage_options
+        self._encoder = encoder
+        self._mtime = mtime
+        self._checksum = checksum
+        self._on_commit = on_commit
+        self._current: TarWriter | None = None
+
+    def write(self, sample: Sample) -> None:
+        members = sample_members(self._encoder(sample) if self._encoder else sample)
+        size = sample_tar_size(members)
+        current = self._current
+        if current is not None and (
+            current.nsamples >= self.maxcount or current.nbytes + size + 2 * BLOCK > self.maxsize
+        ):
+            self._finish_current()
+            current = None
+        if current is None:
+            url = format_shard_name(self.pattern, self.index)
+            self.index += 1
+            current = self._current = TarWriter(
+                url, storage_options=self._options, mtime=self._mtime, checksum=self._checksum
+            )
+        current.write_members(members)
+
+    def _finish_current(self) -> None:
+        if self._current is not None:
+            info = self._current.close()
+            self._current = None
+            self.shards.append(info)
+            if self._on_commit is not None:
+                self._on_commit(info)
+
+    def close(self) -> list[ShardInfo]:
+        """Commit the shard in progress; returns receipts of every shard written."""
+        self._finish_current()
+        return self.shards
+
+    def abort(self) -> None:
+        """Throw away the shard in progress (already committed shards stay)."""
+        if self._current is not None:
+            self._current.abort()
+            self._current = None
+
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
