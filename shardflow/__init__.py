@@ -32,10 +32,12 @@ _LAZY = {
     "Encoder": "shardflow.codecs",
     "register_codec": "shardflow.codecs",
     "ShardJob": "shardflow.job",
-    "sample_rng": "shardflow.job",
+    "sample_rng": "shardflow.task",
+    "sample_seed": "shardflow.task",
     "Task": "shardflow.task",
     "run_task": "shardflow.task",
     "RunDir": "shardflow.rundir",
+    "RunReport": "shardflow.report",
     "ShardDataset": "shardflow.reader",
     "Loader": "shardflow.reader",
 }

@@ -35,9 +35,18 @@ class Member:
 
 @dataclass(slots=True)
 class Corruption:
-    """Yielded instead of raising when `resync=True`: the archive was damaged at `error.offset`."""
+    """Yielded instead of raising when `resync=True`: the archive was damaged at `error.offset`.
+
+    `hint` is the name of the member the damaged header described, when that can be told reliably
+    (the damaged header's size field leads exactly to a valid header, and its name is clean text);
+    None when the damage is too wide to tell. A member whose own header is damaged is never yielded;
+    when a damaged pax/GNU long-name header precedes a member, that member is yielded after the
+    Corruption (under the recovered name, which is also the hint) so the reader can leave its sample
+    out.
+    """
 
     error: FormatError
+    hint: str | None = None
 
 
 class _Prepended:
@@ -69,15 +78,29 @@ class _Blocks:
         self._pos = 0
         self.offset = 0
 
-    def take(self, n: int) -> bytes:
-        """Return exactly n bytes, or fewer only at end of stream."""
+    def take(self, n: int, skip: int = 0) -> bytes:
+        """Return exactly n bytes (fewer only at end of stream), then drop `skip` more (padding).
+
+        Returns the bytes only; whether the skipped bytes were all there is told by `self.short`.
+        """
         buf, pos = self._buf, self._pos
         end = pos + n
-        if end <= len(buf):
-            self._pos = end
-            self.offset += n
+        if end + skip <= len(buf):
+            self._pos = end + skip
+            self.offset += n + skip
             return buf[pos:end]
-        parts = [buf[pos:]]
+        data = self._slow(n)
+        if skip and len(data) == n:
+            self._slow(skip)
+        return data
+
+    def _slow(self, n: int) -> bytes:
+        buf, pos = self._buf, self._pos
+        if pos + n <= len(buf):
+            self._pos = pos + n
+            self.offset += n
+            return buf[pos : pos + n]
+        parts = [buf[pos:]] if pos < len(buf) else []
         have = len(buf) - pos
         while have < n:
             chunk = self._raw(max(n - have, _CHUNK))
@@ -85,14 +108,32 @@ class _Blocks:
                 break
             parts.append(chunk)
             have += len(chunk)
-        joined = b"".join(parts)
+        joined = parts[0] if len(parts) == 1 else b"".join(parts)
         if have <= n:
             self._buf, self._pos = b"", 0
             self.offset += have
+            self.short = have < n
             return joined
         self._buf, self._pos = joined, n
         self.offset += n
         return joined[:n]
+
+    short = False
+    gzipped = False
+
+    def finish(self) -> None:
+        """At the end of the archive: read a gzip stream to its end so its CRC and length are checked."""
+        if self.gzipped:
+            while self._raw(_CHUNK):
+                pass
+
+    def push_back(self, data: bytes) -> None:
+        """Make `data` (just taken) the next bytes to be read again."""
+        if data:
+            self._buf = data + self._buf[self._pos :]
+            self._pos = 0
+            self.offset -= len(data)
+            self.short = False
 
     def _raw(self, n: int) -> bytes:
         try:
@@ -104,9 +145,16 @@ class _Blocks:
 def _open_blocks(stream: BinaryIO, url: str) -> _Blocks:
     """Sniff gzip from the first bytes and return a block reader over the (decompressed) stream."""
     head = stream.read(_CHUNK)
+    while 0 < len(head) < 2:  # a stream that returns short reads (socket-like): get the magic
+        more = stream.read(_CHUNK)
+        if not more:
+            break
+        head += more
     if head[:2] == _GZIP_MAGIC:
         unzipped = gzip.GzipFile(fileobj=_Prepended(head, stream), mode="rb")  # type: ignore[arg-type]
-        return _Blocks(unzipped.read, url)
+        blocks = _Blocks(unzipped.read, url)
+        blocks.gzipped = True
+        return blocks
     return _Blocks(stream.read, url, head)
 
 
@@ -136,6 +184,12 @@ def _cstring(field: bytes) -> bytes:
     return field if end < 0 else field[:end]
 
 
+def _key_of(name: str) -> str:
+    """The sample key of a member name (samples.split_name's rule; kept here to name errors)."""
+    dot = name.find(".", name.rfind("/") + 1)
+    return name if dot < 0 else name[:dot]
+
+
 def _pax_records(data: bytes, url: str, offset: int) -> dict[str, str]:
     records: dict[str, str] = {}
     pos = 0
@@ -146,72 +200,200 @@ def _pax_records(data: bytes, url: str, offset: int) -> dict[str, str]:
             key, _, value = data[space + 1 : pos + length - 1].partition(b"=")
         except ValueError as exc:
             raise FormatError("malformed pax header", url=url, offset=offset) from exc
-        if length <= 0:
+        if length <= 0 or space < 0 or pos + length > len(data):
             raise FormatError("malformed pax header", url=url, offset=offset)
         records[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
         pos += length
     return records
 
 
+def _header_name(header: bytes) -> str:
+    name = _cstring(header[0:100]).decode("utf-8", "surrogateescape")
+    if header[257:263] == b"ustar\x00":
+        prefix = _cstring(header[345:500])
+        if prefix:
+            name = prefix.decode("utf-8", "surrogateescape") + "/" + name
+    return name
+
+
+def _clean_name(raw: str) -> str | None:
+    """`raw` if it is printable text (a plausible member name), else None."""
+    if not raw or not raw.isprintable():
+        return None
+    try:
+        raw.encode("utf-8")
+    except UnicodeEncodeError:  # surrogate-escaped bytes: not valid UTF-8, do not trust it
+        return None
+    return raw
+
+
+def _truncated(header: bytes, offset: int, url: str) -> FormatError:
+    if offset == 0:
+        reason = "empty file, not a tar archive" if not header else (
+            f"not a tar archive (only {len(header)} bytes, a tar header needs {BLOCK})"
+        )
+    elif not header:
+        reason = "truncated tar: stream ended without the end-of-archive marker"
+    else:
+        reason = f"truncated tar: header needs {BLOCK} bytes, got {len(header)}"
+    return FormatError(reason, url=url, offset=offset)
+
+
+# A damaged header whose size field says at most this much is checked by reading that far to see
+# whether a valid header follows (then exactly one entry is lost and its name is known).
+_TRIAL_LIMIT = 64 << 20
+
+
 def iter_members(stream: BinaryIO, url: str = "", *, resync: bool = False) -> Iterator[Member | Corruption]:
     """Yield the regular files of a tar stream in order, one at a time (bounded memory).
 
-    With `resync=True`, a damaged header yields a Corruption and reading resumes at the next block
-    that is a valid header, so the good members after the damage are still delivered.
+    With `resync=True`, a damaged header yields one Corruption per damaged region and reading
+    resumes at the next block that is a valid header, so the good members after the damage are
+    still delivered. Truncation and corrupt gzip end the stream with FormatError in both modes.
+    A file that does not start with a tar header is "not a tar archive" in both modes.
     """
     blocks = _open_blocks(stream, url)
+    take = blocks.take
     long_name: str | None = None
     pax: dict[str, str] = {}
+    damage: FormatError | None = None  # scanning forward from this damaged header
+    zeros = False  # while scanning: the last block read was all zeros
+    pending: FormatError | None = None  # a damaged pax/long-name header describes the next member
     while True:
         offset = blocks.offset
-        header = blocks.take(BLOCK)
+        header = take(BLOCK)
         if len(header) < BLOCK:
-            reason = "truncated tar: stream ended without the end-of-archive marker" if not header else (
-                f"truncated tar: header needs {BLOCK} bytes, got {len(header)}"
-            )
-            raise FormatError(reason, url=url, offset=offset)
+            if damage is not None:
+                yield Corruption(damage)
+                if zeros and not header:
+                    return  # the stream is at its end: a gzip stream was checked by reading it
+            raise _truncated(header, offset, url)
         if header == _ZERO_BLOCK:
-            return
+            if damage is None:
+                if pending is not None:
+                    yield Corruption(pending)
+                blocks.finish()
+                return
+            zeros = True
+            continue
+        zeros = False
         if not _checksum_ok(header):
-            error = FormatError(
-                "not a tar archive (bad header checksum)" if offset == 0 else "bad tar header checksum",
-                url=url,
-                offset=offset,
-            )
+            if damage is not None:
+                continue  # still inside the damaged region
+            if offset == 0 and header[257:262] != b"ustar":
+                raise FormatError("not a tar archive (no valid tar header at the start)", url=url, offset=0)
+            error = FormatError("bad tar header checksum", url=url, offset=offset)
             if not resync:
                 raise error
-            yield Corruption(error)
-            long_name, pax = None, {}
+            if pending is not None:
+                yield Corruption(pending)
+                pending = None
+            hint, long_name, pax, recovered = _try_bound(blocks, header, offset, url, long_name, pax)
+            if not recovered:
+                damage = error
+                long_name, pax = None, {}
+            elif hint is None and (long_name is not None or pax):
+                pending = error  # the member this metadata describes comes next
+            else:
+                yield _corruption(error, hint)
+                long_name, pax = None, {}
             continue
+        if damage is not None:
+            yield Corruption(damage)
+            damage = None
         typeflag = header[156:157]
         try:
             size = int(pax["size"]) if "size" in pax else _number(header[124:136])
+            if size < 0:
+                raise ValueError(size)
         except ValueError as exc:
-            raise FormatError("bad size field in tar header", url=url, offset=offset) from exc
-        data = blocks.take(size)
-        if len(data) < size:
-            raise FormatError(f"truncated tar: member needs {size} bytes, got {len(data)}", url=url, offset=offset)
+            error = FormatError("bad size field in tar header", url=url, offset=offset)
+            if not resync:
+                raise error from exc
+            damage, long_name, pax = error, None, {}
+            continue
         padding = -size % BLOCK
-        if padding and len(blocks.take(padding)) < padding:
-            raise FormatError("truncated tar: missing block padding", url=url, offset=offset)
-        if typeflag == b"L":
+        data = take(size, padding)
+        if len(data) < size or blocks.short:
+            name = _member_name(header, long_name, pax)
+            got = f"got {len(data)}" if len(data) < size else "block padding missing"
+            raise FormatError(
+                f"truncated tar: member {name!r} needs {size} bytes, {got}",
+                url=url, key=_key_of(name), offset=offset,
+            )
+        if typeflag in _REGULAR:
+            name = pax.get("path") or long_name or _header_name(header)
+            if pending is not None:
+                yield _corruption(pending, _clean_name(name))
+                pending = None
+            yield Member(name, data, offset)
+        elif typeflag == b"L":
             long_name = _cstring(data).decode("utf-8", "surrogateescape")
             continue
-        if typeflag == b"x":
-            pax = _pax_records(data, url, offset)
+        elif typeflag == b"x":
+            try:
+                pax = _pax_records(data, url, offset)
+            except FormatError:
+                if not resync:
+                    raise
+                damage, long_name, pax = FormatError("malformed pax header", url=url, offset=offset), None, {}
             continue
-        if typeflag in (b"K", b"g"):
+        elif typeflag in (b"K", b"g"):
             continue
-        if typeflag in _REGULAR:
-            name = pax.get("path") or long_name
-            if name is None:
-                name = _cstring(header[0:100]).decode("utf-8", "surrogateescape")
-                if header[257:263] == b"ustar\x00":
-                    prefix = _cstring(header[345:500])
-                    if prefix:
-                        name = prefix.decode("utf-8", "surrogateescape") + "/" + name
-            yield Member(name, data, offset)
+        elif pending is not None:  # the damaged metadata described a directory or link
+            yield Corruption(pending)
+            pending = None
         long_name, pax = None, {}
+
+
+def _corruption(error: FormatError, hint: str | None) -> Corruption:
+    """A Corruption whose error also names the damaged member's key when it is known."""
+    return Corruption(error if hint is None else error.with_location(key=_key_of(hint)), hint)
+
+
+def _member_name(header: bytes, long_name: str | None, pax: dict[str, str]) -> str:
+    return pax.get("path") or long_name or _header_name(header)
+
+
+def _try_bound(
+    blocks: _Blocks, header: bytes, offset: int, url: str, long_name: str | None, pax: dict[str, str]
+) -> tuple[str | None, str | None, dict[str, str], bool]:
+    """After a header with a bad checksum: does its size field lead exactly to a valid header?
+
+    If so, skip that one entry and return (hint, long_name, pax, True): for a regular member the
+    hint is its name; for a pax/long-name header its records are taken so the next member gets its
+    real name. Otherwise put back what was read and return (None, None, {}, False).
+    """
+    typeflag = header[156:157]
+    if typeflag not in (*_REGULAR, b"L", b"x"):
+        return None, None, {}, False
+    try:
+        size = _number(header[124:136])
+    except ValueError:
+        return None, None, {}, False
+    if not 0 <= size <= _TRIAL_LIMIT:
+        return None, None, {}, False
+    padded = size + (-size % BLOCK)
+    body = blocks._slow(padded)
+    after = blocks._slow(BLOCK)
+    if len(body) != padded or len(after) != BLOCK or not (after == _ZERO_BLOCK or _checksum_ok(after)):
+        blocks.push_back(body + after)
+        return None, None, {}, False
+    blocks.push_back(after)
+    if typeflag == b"L":
+        name = _clean_name(_cstring(body[:size]).decode("utf-8", "surrogateescape"))
+        if name is None:
+            blocks.push_back(body)
+            return None, None, {}, False
+        return None, name, {}, True
+    if typeflag == b"x":
+        try:
+            records = _pax_records(body[:size], url, offset)
+        except FormatError:
+            blocks.push_back(body)
+            return None, None, {}, False
+        return None, None, records, True
+    return _clean_name(_member_name(header, long_name, pax)), None, {}, True
 
 
 def _octal(value: int, width: int) -> bytes:

@@ -41,17 +41,21 @@ class ShardInfo:
         return asdict(self)
 
 
-def temp_name(url: str) -> str:
-    """Hidden sibling name used while `url` is being written (recognisable for clean-up)."""
+def temp_name(url: str, tag: str = "") -> str:
+    """Hidden sibling name used while `url` is being written (recognisable for clean-up).
+
+    `tag` (e.g. a task id) lets a rerun delete exactly the temps of one task and no others.
+    """
     head, _, base = url.rpartition("/")
-    name = f".{base}{TEMP_MARK}{uuid.uuid4().hex[:12]}"
+    name = f".{base}{TEMP_MARK}{tag + '-' if tag else ''}{uuid.uuid4().hex[:12]}"
     return f"{head}/{name}" if head else name
 
 
-def remove_stale_temps(url: str, storage_options: dict[str, Any] | None = None) -> int:
-    """Delete temp files a crashed writer left beside `url`; returns how many were removed."""
+def remove_stale_temps(url: str, storage_options: dict[str, Any] | None = None, *, tag: str = "") -> int:
+    """Delete temp files a crashed writer left beside `url` (all of `tag`'s when a tag is given)."""
     head, _, base = url.rpartition("/")
-    pattern = urls.join(head, f".{base}{TEMP_MARK}*") if head else f".{base}{TEMP_MARK}*"
+    name = f".*{TEMP_MARK}{tag}-*" if tag else f".{base}{TEMP_MARK}*"
+    pattern = urls.join(head, name) if head else name
     fs, path = urls.filesystem(pattern, storage_options)
     stale = fs.glob(path)
     for name in stale:
@@ -62,18 +66,18 @@ def remove_stale_temps(url: str, storage_options: dict[str, Any] | None = None) 
 class AtomicOutput:
     """A binary stream that lands under `url` only on commit(); abort() leaves nothing there."""
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None, *, tag: str = "") -> None:
         self.url = url
         self._options = storage_options
         self._fs, self._path = urls.filesystem(url, storage_options)
         self._temp: str | None = None
         if urls.is_local(url):
-            self._temp = urls.local_path(temp_name(url))
+            self._temp = urls.local_path(temp_name(url, tag))
             os.makedirs(os.path.dirname(os.path.abspath(self._temp)), exist_ok=True)
             self._file: Any = open(self._temp, "wb", buffering=1 << 20)
             return
         if urls.protocol(url) not in STREAMING_UPLOAD_PROTOCOLS:
-            self._temp = temp_name(self._path)
+            self._temp = temp_name(self._path, tag)
         try:
             self._file = self._fs.open(self._temp or self._path, "wb")
         except (OSError, ValueError) as exc:
@@ -131,6 +135,11 @@ class _HashingSink:
         self.nbytes += len(data)
         return self._out.write(data)
 
+    def flush(self) -> None:
+        flush = getattr(self._out, "flush", None)
+        if flush is not None:
+            flush()
+
     def hexdigest(self) -> str:
         return self._hash.hexdigest() if self._hash is not None else ""
 
@@ -153,10 +162,20 @@ class TarWriter:
         encoder: Encode | None = None,
         mtime: int = 0,
         checksum: str | None = "sha256",
+        temp_tag: str = "",
+        allow_pipe: bool | None = None,
     ) -> None:
-        self.url = target if isinstance(target, str) else getattr(target, "name", "<stream>")
-        self._atomic = AtomicOutput(target, storage_options) if isinstance(target, str) else None
-        self._sink = _HashingSink(self._atomic if self._atomic is not None else target, checksum)
+        self.url = target if isinstance(target, str) else str(getattr(target, "name", "<stream>"))
+        self._atomic: AtomicOutput | None = None
+        self._owned: Any = None  # a "-" or pipe: stream opened (and closed) here, not atomic
+        if isinstance(target, str) and (target == "-" or target.startswith("pipe:")):
+            self._owned = urls.open_write(target, storage_options, allow_pipe=allow_pipe)
+            out: Any = self._owned
+        elif isinstance(target, str):
+            out = self._atomic = AtomicOutput(target, storage_options, tag=temp_tag)
+        else:
+            out = target
+        self._sink = _HashingSink(out, checksum)
         self._tar = TarStreamWriter(self._sink, mtime=mtime)  # type: ignore[arg-type]
         self._encoder = encoder
         self.nsamples = 0
@@ -171,9 +190,14 @@ class TarWriter:
         return self.write_members(self.encoded_members(sample))
 
     def write_members(self, members: list[tuple[str, bytes]]) -> int:
+        if self.closed:
+            raise ValueError(f"{self.url} is closed")
         before = self._tar.bytes_written
-        for name, data in members:
-            self._tar.add(name, data)
+        try:
+            for name, data in members:
+                self._tar.add(name, data)
+        except OSError as exc:
+            raise ShardIOError(f"write failed: {exc}", url=self.url) from exc
         self.nsamples += 1
         return self._tar.bytes_written - before
 
@@ -185,17 +209,33 @@ class TarWriter:
         """Finish the archive and commit it; returns its receipt."""
         if self.closed:
             raise ValueError(f"{self.url} is already closed")
-        self._tar.finish()
+        try:
+            self._tar.finish()
+            if self._owned is not None:
+                self.closed = True
+                self._owned.close()  # a failing pipe: command raises PipeError here
+        except BaseException as exc:
+            self.closed = False
+            self.abort()
+            if isinstance(exc, OSError):
+                raise ShardIOError(f"write failed: {exc}", url=self.url) from exc
+            raise
         self.closed = True
         if self._atomic is not None:
-            self._atomic.commit()
+            self._atomic.commit()  # aborts and raises ShardIOError itself when it fails
         return ShardInfo(self.url, self.nsamples, self._sink.nbytes, self._sink.hexdigest())
 
     def abort(self) -> None:
+        """Throw the shard away (nothing appears under its name); safe to call more than once."""
         if not self.closed:
             self.closed = True
             if self._atomic is not None:
                 self._atomic.abort()
+            elif self._owned is not None:
+                try:
+                    self._owned.close()
+                except (OSError, ShardIOError):
+                    pass
 
     def __enter__(self) -> "TarWriter":
         return self
@@ -240,6 +280,7 @@ class ShardWriter:
         mtime: int = 0,
         checksum: str | None = "sha256",
         on_commit: Callable[[ShardInfo], None] | None = None,
+        temp_tag: str = "",
     ) -> None:
         if maxcount < 1 or maxsize < 3 * BLOCK:
             raise ValueError("maxcount must be >= 1 and maxsize >= 1536 bytes")
@@ -253,6 +294,7 @@ class ShardWriter:
         self._mtime = mtime
         self._checksum = checksum
         self._on_commit = on_commit
+        self._temp_tag = temp_tag
         self._current: TarWriter | None = None
 
     def write(self, sample: Sample) -> None:
@@ -268,7 +310,8 @@ class ShardWriter:
             url = format_shard_name(self.pattern, self.index)
             self.index += 1
             current = self._current = TarWriter(
-                url, storage_options=self._options, mtime=self._mtime, checksum=self._checksum
+                url, storage_options=self._options, mtime=self._mtime, checksum=self._checksum,
+                temp_tag=self._temp_tag,
             )
         current.write_members(members)
 

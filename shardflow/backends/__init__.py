@@ -1,0 +1,68 @@
+"""Backends: they differ only in where `run_task(task, job)` runs.
+
+Each backend is a generator `execute(job, tasks, progress, **options)` that yields TaskResults as
+tasks finish; closing the generator must stop outstanding work. `run_job` does everything else the
+same way for all of them: the plan, skipping finished tasks, the progress bar, the report.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from ..errors import JobError
+from ..progress import Progress
+from ..report import RunReport, build_report
+from ..task import USER, Task, TaskResult
+
+if TYPE_CHECKING:
+    from ..job import ShardJob
+
+Execute = Callable[..., Iterator[TaskResult]]
+
+BACKENDS = {
+    "serial": "shardflow.backends.local:execute_serial",
+    "processes": "shardflow.backends.local:execute_processes",
+    "dask": "shardflow.backends.dask:execute_dask",
+}
+
+
+def get_backend(name: str) -> Execute:
+    try:
+        module, func = BACKENDS[name].split(":")
+    except KeyError:
+        raise JobError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}") from None
+    return getattr(importlib.import_module(module), func)
+
+
+def run_job(job: "ShardJob", backend: str = "processes", *, force: bool = False,
+            progress: bool | None = None, **options: Any) -> RunReport:
+    """Plan (once), run the pending tasks on `backend`, and return the merged report.
+
+    Ctrl-C stops the workers; shards in progress are discarded and the report says `interrupted`,
+    so a rerun picks up where this one stopped.
+    """
+    execute = get_backend(backend)
+    started = time.perf_counter()
+    run_dir = job.prepare(force=force)
+    tasks = job.plan()
+    done = run_dir.done_ids()
+    pending: list[Task] = [t for t in tasks if t.id not in done]
+    bar = Progress(len(tasks), len(tasks) - len(pending), enabled=progress)
+    results: dict[int, TaskResult] = {}
+    interrupted = False
+    stream = execute(job, pending, bar, **options)
+    try:
+        for result in stream:
+            results[result.task_id] = result
+            bar.task_finished(result)
+            if result.status == "failed" and (job.on_error == "raise" or result.kind == USER):
+                break
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        stream.close()
+        bar.close()
+    skipped = len(tasks) - len(pending) + sum(r.status == "skipped" for r in results.values())
+    return build_report(run_dir, [t.id for t in tasks], results, started, skipped=skipped, interrupted=interrupted)

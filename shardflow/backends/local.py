@@ -1,0 +1,105 @@
+"""Local backends: `serial` (one process, in order) and `processes` (a spawn-safe process pool)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue
+import signal
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from typing import TYPE_CHECKING, Iterator
+
+import cloudpickle
+
+from ..progress import Progress
+from ..task import IO, Task, TaskResult, run_task
+
+if TYPE_CHECKING:
+    from ..job import ShardJob
+
+
+def execute_serial(job: "ShardJob", tasks: list[Task], progress: Progress) -> Iterator[TaskResult]:
+    """Run tasks one after another in this process (debuggable: breakpoints work in fn)."""
+    for task in tasks:
+        yield run_task(task, job, progress=progress.add_samples)
+
+
+# -- processes -------------------------------------------------------------------------------------
+_worker_job: "ShardJob | None" = None
+_worker_queue: "multiprocessing.Queue[int] | None" = None
+
+
+def _init_worker(job_bytes: bytes, counts: "multiprocessing.Queue[int]") -> None:
+    """Unpickle the job once per worker process (cloudpickle: fn may live in __main__ or a job file)."""
+    global _worker_job, _worker_queue
+    _worker_job = cloudpickle.loads(job_bytes)
+    _worker_queue = counts
+
+
+def _report_samples(count: int) -> None:
+    if _worker_queue is not None:
+        _worker_queue.put(count)
+
+
+def _run_in_worker(task: Task) -> TaskResult:
+    assert _worker_job is not None
+    return run_task(task, _worker_job, progress=_report_samples)
+
+
+def default_workers() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def execute_processes(job: "ShardJob", tasks: list[Task], progress: Progress, *,
+                      workers: int | None = None) -> Iterator[TaskResult]:
+    """Run tasks on `workers` processes (default: one per core), at most 2 queued per worker."""
+    if not tasks:
+        return
+    workers = max(1, min(workers or default_workers(), len(tasks)))
+    context = multiprocessing.get_context("spawn")
+    counts = context.Queue()
+    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
+                               initargs=(cloudpickle.dumps(job), counts))
+    remaining = iter(tasks)
+    running: dict[Future, Task] = {}
+    clean = False
+    try:
+        for task in remaining:
+            running[pool.submit(_run_in_worker, task)] = task
+            if len(running) >= 2 * workers:
+                break
+        while running:
+            finished, _ = wait(running, timeout=0.5, return_when=FIRST_COMPLETED)
+            _drain(counts, progress)
+            for future in finished:
+                task = running.pop(future)
+                try:
+                    result = future.result()
+                except BrokenProcessPool:
+                    # a worker died (SIGKILL, out of memory): its tasks are unfinished, a rerun redoes them
+                    for lost in [task, *running.values()]:
+                        yield TaskResult(lost.id, "failed", error="worker process died (killed or out of memory)", kind=IO)
+                    running.clear()
+                    break
+                next_task = next(remaining, None)
+                if next_task is not None:
+                    running[pool.submit(_run_in_worker, next_task)] = next_task
+                yield result
+        _drain(counts, progress)
+        clean = True
+    finally:
+        if not clean:  # interrupted or the consumer stopped early: stop the workers now
+            for process in list(getattr(pool, "_processes", {}).values()):
+                if process.is_alive():
+                    os.kill(process.pid, signal.SIGINT)
+        pool.shutdown(wait=True, cancel_futures=True)
+        counts.close()
+
+
+def _drain(counts: "multiprocessing.Queue[int]", progress: Progress) -> None:
+    while True:
+        try:
+            progress.add_samples(counts.get_nowait())
+        except queue.Empty:
+            return

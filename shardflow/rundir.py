@@ -1,0 +1,166 @@
+"""The run directory: the one place that says what a run is and how far it got.
+
+Layout (a local path or any fsspec URL; default `<directory of the outputs>/_shardflow`):
+
+    plan.json              the tasks, written once up front, with a fingerprint
+    job.pkl                the job (cloudpickle), so Dask workers and pods can rebuild it
+    done/000017.json       completion marker of task 17: outputs + stats; written LAST
+    failed/000017.json     why task 17 failed last time (removed when it later succeeds)
+    errors/000017.jsonl    one line per dropped/failed sample of task 17
+    summary.json           the merged report of the last run (shards list used by the reader)
+
+Every file is written atomically (temp + rename locally, a single PUT on object stores), so a
+crash never leaves a truncated JSON that breaks resume.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from typing import Any, Iterable
+
+import cloudpickle
+
+from . import urls
+from .errors import JobError
+
+PLAN_VERSION = 1
+
+
+def task_name(task_id: int) -> str:
+    return f"{task_id:06d}"
+
+
+def plan_fingerprint(tasks: list[dict[str, Any]]) -> str:
+    """Stable digest of the task list: a rerun into the same run dir must plan the same tasks."""
+    text = json.dumps(tasks, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class RunDir:
+    """Reads and writes the files of one run directory."""
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.storage_options = storage_options
+        self.fs, self.path = urls.filesystem(self.url, storage_options)
+        self._local = urls.is_local(self.url)
+
+    def _path(self, name: str) -> str:
+        return f"{self.path}/{name}"
+
+    # -- raw files --------------------------------------------------------------------------
+    def write_bytes(self, name: str, data: bytes) -> None:
+        """Write a file so that readers see the old content or the new, never a mix."""
+        path = self._path(name)
+        if self._local:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            temp = f"{os.path.dirname(path)}/.{os.path.basename(path)}.tmp-{uuid.uuid4().hex[:12]}"
+            with open(temp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temp, path)
+        else:
+            self.fs.pipe_file(path, data)  # one PUT: object stores publish it whole or not at all
+
+    def read_bytes(self, name: str) -> bytes:
+        return self.fs.cat_file(self._path(name))
+
+    def write_json(self, name: str, obj: Any) -> None:
+        self.write_bytes(name, json.dumps(obj, indent=1, sort_keys=True).encode())
+
+    def read_json(self, name: str) -> Any:
+        return json.loads(self.read_bytes(name))
+
+    def exists(self, name: str) -> bool:
+        return self.fs.exists(self._path(name))
+
+    def remove(self, name: str) -> None:
+        try:
+            self.fs.rm(self._path(name))
+        except FileNotFoundError:
+            pass
+
+    def list_names(self, folder: str) -> list[str]:
+        """Base names in `folder` (one listing, empty when it does not exist)."""
+        try:
+            entries = self.fs.ls(self._path(folder), detail=False)
+        except FileNotFoundError:
+            return []
+        names = [e.rstrip("/").rsplit("/", 1)[-1] for e in entries]
+        return sorted(n for n in names if not n.startswith("."))
+
+    # -- plan ----------------------------------------------------------------------------------
+    def init_plan(self, plan: dict[str, Any], *, force: bool = False) -> None:
+        """Write the plan once; refuse a different plan unless forced (then start over)."""
+        fingerprint = plan_fingerprint(plan["tasks"])
+        plan = {**plan, "version": PLAN_VERSION, "fingerprint": fingerprint}
+        if self.exists("plan.json"):
+            old = self.read_json("plan.json")
+            if old.get("fingerprint") == fingerprint:
+                return
+            if not force:
+                raise JobError(
+                    f"run directory {self.url} holds a different plan ({len(old.get('tasks', []))} tasks, "
+                    f"fingerprint {str(old.get('fingerprint'))[:12]}); use another run_dir, or force=True "
+                    "(--force) to discard its progress and start over"
+                )
+            self.reset()
+        self.write_json("plan.json", plan)
+
+    def reset(self) -> None:
+        """Forget all progress (markers, failures, error logs, summary)."""
+        for folder in ("done", "failed", "errors"):
+            for name in self.list_names(folder):
+                self.remove(f"{folder}/{name}")
+        self.remove("summary.json")
+
+    def load_plan(self) -> dict[str, Any]:
+        try:
+            return self.read_json("plan.json")
+        except FileNotFoundError as exc:
+            raise JobError(f"no plan.json in run directory {self.url}: plan or run the job first") from exc
+
+    def save_job(self, job: Any) -> None:
+        self.write_bytes("job.pkl", cloudpickle.dumps(job))
+
+    def load_job(self) -> Any:
+        """The job saved by save_job (pickle: only load run directories you wrote yourself)."""
+        return cloudpickle.loads(self.read_bytes("job.pkl"))
+
+    # -- task state ----------------------------------------------------------------------------
+    def done_ids(self) -> set[int]:
+        return {int(n.split(".")[0]) for n in self.list_names("done") if n.endswith(".json")}
+
+    def failed_ids(self) -> set[int]:
+        return {int(n.split(".")[0]) for n in self.list_names("failed") if n.endswith(".json")}
+
+    def is_done(self, task_id: int) -> bool:
+        return self.exists(f"done/{task_name(task_id)}.json")
+
+    def read_done(self, task_id: int) -> dict[str, Any]:
+        return self.read_json(f"done/{task_name(task_id)}.json")
+
+    def mark_done(self, task_id: int, record: dict[str, Any]) -> None:
+        self.write_json(f"done/{task_name(task_id)}.json", record)
+        self.remove(f"failed/{task_name(task_id)}.json")
+
+    def mark_failed(self, task_id: int, record: dict[str, Any]) -> None:
+        self.write_json(f"failed/{task_name(task_id)}.json", record)
+
+    def write_errors(self, task_id: int, records: Iterable[dict[str, Any]]) -> None:
+        lines = "".join(json.dumps(r, sort_keys=True) + "\n" for r in records)
+        name = f"errors/{task_name(task_id)}.jsonl"
+        if lines:
+            self.write_bytes(name, lines.encode())
+        else:
+            self.remove(name)
+
+    def read_errors(self) -> list[dict[str, Any]]:
+        out = []
+        for name in self.list_names("errors"):
+            out.extend(json.loads(line) for line in self.read_bytes(f"errors/{name}").splitlines() if line)
+        return out
