@@ -6,6 +6,7 @@ directory; backends only decide where `run_task(task, job)` executes.
 
 from __future__ import annotations
 
+import json
 import re
 import string
 from typing import Any, Callable, Sequence
@@ -89,6 +90,7 @@ class ShardJob:
         allow_pickle: bool = False,
         allow_pipe: bool = False,
         name: str | None = None,
+        params: dict[str, Any] | None = None,
     ) -> None:
         if on_error not in ON_ERROR:
             raise JobError(f"on_error must be one of {ON_ERROR}, not {on_error!r}")
@@ -113,7 +115,10 @@ class ShardJob:
         self.allow_pickle = allow_pickle
         self.allow_pipe = allow_pipe
         self.name = name or getattr(fn, "__name__", "job")
+        self.params = params
         self._tasks: list[Task] | None = None
+        self._decoder: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+        self._encoder: Callable[[dict[str, Any]], dict[str, Any]] | None = None
         self._run_dir_url = run_dir
         self._rundir: RunDir | None = None
 
@@ -196,26 +201,45 @@ class ShardJob:
             "maxcount": None if self.maxcount == UNLIMITED else self.maxcount,
             "maxsize": None if self.maxsize >= UNLIMITED else self.maxsize,
             "inputs_per_task": self.inputs_per_task, "max_failure_rate": self.max_failure_rate,
+            "params": self.params,
         }
 
+    def settings(self) -> dict[str, Any]:
+        """The settings that shape the output bytes; with the tasks they make the plan's fingerprint, so a
+        rerun into the same run directory with another decode/encode/seed/rollover/params is refused
+        (unless forced) instead of mixing old and new outputs. Policies (on_error, retries) are left out."""
+        described = self.describe()
+        keys = ("decode", "encode", "seed", "maxcount", "maxsize", "inputs_per_task", "params")
+        return json.loads(json.dumps({k: described[k] for k in keys}, sort_keys=True, default=repr))
+
     # -- codecs --------------------------------------------------------------------------------
+    # Built once in the process that defines the job and pickled with it: codecs copy the registry
+    # when created, so codecs the user registered in the main process reach every worker.
     def make_decoder(self) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
         if self.decode is None:
             return None
-        from .codecs import Decoder
+        if self._decoder is None:
+            from .codecs import Decoder
 
-        return Decoder(self.decode, allow_pickle=self.allow_pickle)
+            self._decoder = Decoder(self.decode, allow_pickle=self.allow_pickle)
+        return self._decoder
 
     def make_encoder(self) -> Callable[[dict[str, Any]], dict[str, Any]]:
-        from .codecs import Encoder
+        if self._encoder is None:
+            from .codecs import Encoder
 
-        return Encoder(**self.encode)
+            self._encoder = Encoder(**self.encode)
+        return self._encoder
 
     # -- running -------------------------------------------------------------------------------
     def prepare(self, *, force: bool = False) -> RunDir:
         """Write the plan and the pickled job to the run directory (once); returns it."""
+        self.make_decoder()
+        self.make_encoder()
         run_dir = self.rundir()
-        run_dir.init_plan({"job": self.describe(), "tasks": [t.to_json() for t in self.plan()]}, force=force)
+        run_dir.remove_stale_temps()  # a driver killed mid-write of a marker leaves one behind
+        run_dir.init_plan({"job": self.describe(), "tasks": [t.to_json() for t in self.plan()],
+                           "settings": self.settings()}, force=force)
         run_dir.save_job(self)
         return run_dir
 
@@ -224,6 +248,22 @@ class ShardJob:
         from .backends import run_job
 
         return run_job(self, backend, **options)
+
+    def to_kubernetes(self, image: str, *, prepare: bool = True, **options: Any) -> str:
+        """YAML of a Kubernetes Indexed Job running this job; writes the plan first unless prepare=False.
+
+        Options: parallelism, tasks_per_pod, cpu, memory, secrets, env, namespace, name, ... (see
+        shardflow.manifests.ClusterOptions and docs/kubernetes.md).
+        """
+        from .manifests import render
+
+        return render(self, "kubernetes", image, prepare=prepare, **options)
+
+    def to_argo(self, image: str, *, prepare: bool = True, **options: Any) -> str:
+        """YAML of an Argo Workflow running this job (same options as to_kubernetes)."""
+        from .manifests import render
+
+        return render(self, "argo", image, prepare=prepare, **options)
 
 
 def _first(spec: str | Sequence[str]) -> str:

@@ -33,10 +33,33 @@ def task_name(task_id: int) -> str:
     return f"{task_id:06d}"
 
 
-def plan_fingerprint(tasks: list[dict[str, Any]]) -> str:
-    """Stable digest of the task list: a rerun into the same run dir must plan the same tasks."""
-    text = json.dumps(tasks, sort_keys=True, separators=(",", ":"))
+def plan_fingerprint(tasks: list[dict[str, Any]], settings: dict[str, Any] | None = None) -> str:
+    """Stable digest of the task list (and of the job settings that shape the outputs, when given):
+    a rerun into the same run dir must plan the same tasks with the same settings."""
+    obj: Any = tasks if settings is None else {"tasks": tasks, "settings": settings}
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _plan_difference(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """What differs between two plans, in a few words for the refusal message."""
+    old_tasks, new_tasks = old.get("tasks", []), new.get("tasks", [])
+    if old_tasks != new_tasks:
+        if len(old_tasks) != len(new_tasks):
+            return f"{len(old_tasks)} tasks there, {len(new_tasks)} now"
+        first = next(i for i, (a, b) in enumerate(zip(old_tasks, new_tasks)) if a != b)
+        return f"task {first} differs (inputs or output names)"
+    old_set, new_set = old.get("settings") or {}, new.get("settings") or {}
+    changed = []
+    for key in sorted(set(old_set) | set(new_set)):
+        a, b = old_set.get(key), new_set.get(key)
+        if a != b:
+            if isinstance(a, dict) and isinstance(b, dict):
+                changed.extend(f"{key}.{k} {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
+                               if a.get(k) != b.get(k))
+            else:
+                changed.append(f"{key} {a!r} -> {b!r}")
+    return "same tasks, other job settings: " + ", ".join(changed[:5]) if changed else "other job settings"
 
 
 class RunDir:
@@ -96,7 +119,7 @@ class RunDir:
     # -- plan ----------------------------------------------------------------------------------
     def init_plan(self, plan: dict[str, Any], *, force: bool = False) -> None:
         """Write the plan once; refuse a different plan unless forced (then start over)."""
-        fingerprint = plan_fingerprint(plan["tasks"])
+        fingerprint = plan_fingerprint(plan["tasks"], plan.get("settings"))
         plan = {**plan, "version": PLAN_VERSION, "fingerprint": fingerprint}
         if self.exists("plan.json"):
             old = self.read_json("plan.json")
@@ -104,12 +127,27 @@ class RunDir:
                 return
             if not force:
                 raise JobError(
-                    f"run directory {self.url} holds a different plan ({len(old.get('tasks', []))} tasks, "
-                    f"fingerprint {str(old.get('fingerprint'))[:12]}); use another run_dir, or force=True "
-                    "(--force) to discard its progress and start over"
+                    f"run directory {self.url} holds a different plan ({_plan_difference(old, plan)}); "
+                    "use another run_dir, or force=True (--force) to discard its progress and start over"
                 )
             self.reset()
         self.write_json("plan.json", plan)
+
+    def remove_stale_temps(self) -> int:
+        """Delete temp files that a killed writer left in the run directory (local run dirs only: object
+        stores get single PUTs). Call it where one driver owns the run dir (job.prepare), not from workers."""
+        if not self._local or not os.path.isdir(self.path):
+            return 0
+        removed = 0
+        for folder, _, names in os.walk(self.path):
+            for name in names:
+                if name.startswith(".") and ".tmp-" in name:
+                    try:
+                        os.unlink(os.path.join(folder, name))
+                        removed += 1
+                    except FileNotFoundError:
+                        pass
+        return removed
 
     def reset(self) -> None:
         """Forget all progress (markers, failures, error logs, summary)."""

@@ -182,30 +182,49 @@ class _SampleProcessor:
 
     def record(self, error: BaseException, url: str, key: str | None, where: str) -> None:
         """Log a failed sample; raise instead when the policy says to stop."""
-        reason = error.reason if isinstance(error, ShardflowError) else f"{type(error).__name__}: {error}"
         self.stats.failed += 1
         self.stats.fail_reasons[type(error).__name__] += 1
+        self.note(error, url, key, where)
+        if self.job.on_error == "raise":
+            kind = INPUT if isinstance(error, ShardflowError) else USER
+            reason = self.errors[-1]["reason"]
+            raise _TaskFailed(f"shard {url}, key {key!r}, {where}: {reason}", kind) from error
+        if self.job.on_error == "warn":
+            print(f"shardflow: skipped shard {url}, key {key!r} ({where}): {self.errors[-1]['reason']}", file=sys.stderr)
+        self.check_rate()
+
+    def note(self, error: BaseException, url: str, key: str | None, where: str) -> None:
+        """Add a line to the task's error log (errors/<task>.jsonl), without counting a failed sample."""
+        reason = error.reason if isinstance(error, ShardflowError) else f"{type(error).__name__}: {error}"
         frames = traceback.extract_tb(error.__traceback__)
         digest = hashlib.sha1("|".join(f"{f.filename}:{f.lineno}:{f.name}" for f in frames).encode()).hexdigest()[:12]
         self.errors.append({
             "task": self.task.id, "shard": url, "key": key, "stage": where, "type": type(error).__name__,
             "reason": reason, "traceback": digest,
         })
-        if self.job.on_error == "raise":
-            kind = INPUT if isinstance(error, ShardflowError) else USER
-            raise _TaskFailed(f"shard {url}, key {key!r}, {where}: {reason}", kind) from error
-        if self.job.on_error == "warn":
-            print(f"shardflow: skipped shard {url}, key {key!r} ({where}): {reason}", file=sys.stderr)
-        self.check_rate()
 
-    def check_rate(self) -> None:
+    def check_rate(self, final: bool = False) -> None:
+        """Fail the task when too many samples failed: while streaming once 10 have failed and they are
+        more than max_failure_rate of those read so far; at the end, over the whole task."""
         stats, rate = self.stats, self.job.max_failure_rate
-        if stats.failed >= min(10, stats.samples_in) and stats.failed > rate * stats.samples_in:
+        least = min(10, stats.samples_in) if final else 10
+        if stats.failed and stats.failed >= least and stats.failed > rate * stats.samples_in:
             raise _TaskFailed(
                 f"{stats.failed} of {stats.samples_in} samples failed (more than max_failure_rate={rate}); "
-                f"see errors/ in the run directory",
+                f"{self.most_common_error()}; every one is listed in errors/ in the run directory",
                 INPUT,
             )
+
+    def most_common_error(self) -> str:
+        """'most often: decode DecodeError (12x), e.g. key 'a/17': cannot decode ...' for failure messages."""
+        counts: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for error in self.errors:
+            counts.setdefault((error["stage"], error["type"]), []).append(error)
+        if not counts:
+            return "no sample errors recorded"
+        (stage, kind), errors = max(counts.items(), key=lambda item: len(item[1]))
+        first = errors[0]
+        return f"most often at {stage}: {kind} ({len(errors)}x), e.g. key {first['key']!r}: {first['reason']}"
 
     def process(self, sample: Sample) -> list[Sample]:
         """Decode, call fn and encode one input sample; returns encoded outputs (maybe none)."""
@@ -229,6 +248,7 @@ class _SampleProcessor:
         if not outputs:
             self.stats.dropped += 1
             return []
+        raw = _unchanged_values(sample, decoded)
         encoded = []
         for out in outputs:
             out_key = out["__key__"]
@@ -239,12 +259,31 @@ class _SampleProcessor:
                 self.record(JobError(why, url=url, key=key), url, key, "process")
                 continue
             try:
-                encoded.append(self.encoder(out))
+                encoded.append(self.encoder(_reuse_raw(out, raw)))
             except Exception as exc:  # noqa: BLE001
                 self.record(exc, url, key, "encode")
                 continue
             self.produced_by[out_key] = key
         return encoded
+
+
+def _unchanged_values(raw: Sample, decoded: Sample) -> dict[int, tuple[str, bytes]]:
+    """id(decoded value) -> (ext, original bytes), for values the job may pass through untouched."""
+    if decoded is raw:
+        return {}
+    return {id(decoded[ext]): (ext, data) for ext, data in raw.items()
+            if not ext.startswith("__") and ext in decoded and decoded[ext] is not data}
+
+
+def _reuse_raw(out: Sample, raw: dict[int, tuple[str, bytes]]) -> Sample:
+    """Write the input's own bytes for values fn returned unchanged under the same extension.
+
+    Re-encoding an untouched JPEG would lose quality and time; the original bytes are exact.
+    """
+    if not raw:
+        return out
+    swaps = {ext: raw[id(v)][1] for ext, v in out.items() if id(v) in raw and raw[id(v)][0] == ext}
+    return {**out, **swaps} if swaps else out
 
 
 def _as_outputs(result: Any, key: str) -> list[Sample]:
@@ -299,7 +338,15 @@ def _stream_task(
     )
     with writer:
         for url in task.inputs:
-            stream = urls.open_read(url, job.options_for(url), allow_pipe=job.allow_pipe)
+            try:
+                stream = urls.open_read(url, job.options_for(url), allow_pipe=job.allow_pipe)
+            except ShardIOError as exc:
+                if isinstance(exc.__cause__, (FileNotFoundError, IsADirectoryError, NotADirectoryError)):
+                    processor.note(exc, url, None, "open")
+                    # retrying cannot bring it back: fail now, without the backoff of I/O retries
+                    raise _TaskFailed(f"input shard missing: {exc} (it was planned; restore it, or plan "
+                                      "again without it using --force)", INPUT) from exc
+                raise
             counted = _CountingReader(stream)
             try:
                 def report(error: ShardflowError, url: str = url) -> None:
@@ -316,12 +363,13 @@ def _stream_task(
                             progress(pending_progress)
                             pending_progress, last_report = 0, time.perf_counter()
                 except (FormatError, SampleError) as exc:
+                    processor.note(exc, exc.url or url, exc.key, "read")  # errors/ names where it broke
                     raise _TaskFailed(str(exc), INPUT) from exc
             finally:
                 stream.close()
             stats.shards_in += 1
             stats.bytes_in += counted.count
-        processor.check_rate()
+        processor.check_rate(final=True)
         infos: list[ShardInfo] = writer.close()
     if progress is not None and pending_progress:
         progress(pending_progress)

@@ -18,7 +18,7 @@ from typing import Any, BinaryIO, Callable
 
 from fsspec.spec import AbstractBufferedFile
 
-from . import urls
+from . import remote, urls
 from .errors import ShardIOError
 from .samples import Sample, sample_members
 from .tario import BLOCK, TarStreamWriter
@@ -71,6 +71,7 @@ class AtomicOutput:
         self._options = storage_options
         self._fs, self._path = urls.filesystem(url, storage_options)
         self._temp: str | None = None
+        self._state = "open"  # -> "committed" | "aborted"
         if urls.is_local(url):
             self._temp = urls.local_path(temp_name(url, tag))
             os.makedirs(os.path.dirname(os.path.abspath(self._temp)), exist_ok=True)
@@ -79,46 +80,67 @@ class AtomicOutput:
         if urls.protocol(url) not in STREAMING_UPLOAD_PROTOCOLS:
             self._temp = temp_name(self._path, tag)
         try:
-            self._file = self._fs.open(self._temp or self._path, "wb")
+            # from memory, in upload_block_size parts; a finaliser that aborts instead of publishing
+            self._file = remote.open_upload(
+                self._fs, self._temp or self._path, block_size=urls.upload_block_size(self._fs)
+            )
         except (OSError, ValueError) as exc:
-            raise ShardIOError(f"cannot open for writing: {exc}", url=url) from exc
+            raise ShardIOError(
+                f"cannot open for writing: {remote.describe(exc, storage_options)}", url=url
+            ) from exc
 
     def write(self, data: bytes) -> int:
         return self._file.write(data)
 
     def commit(self) -> None:
         """Make the bytes visible under the final name."""
+        if self._state != "open":
+            raise ValueError(f"{self.url} is already {self._state}")
         try:
             if urls.is_local(self.url):
                 self._file.flush()
                 os.fsync(self._file.fileno())
                 self._file.close()
                 os.replace(self._temp, urls.local_path(self.url))
-                return
-            self._file.close()
-            if self._temp is not None:
-                self._fs.mv(self._temp, self._path)
-        except (OSError, ValueError) as exc:
+            else:
+                self._file.close()  # completes the multipart / resumable upload
+                if self._temp is not None:
+                    self._fs.mv(self._temp, self._path)
+            self._state = "committed"
+        except Exception as exc:
             self.abort()
-            raise ShardIOError(f"commit failed: {exc}", url=self.url) from exc
+            if isinstance(exc, ShardIOError):
+                raise
+            raise ShardIOError(f"commit failed: {remote.describe(exc, self._options)}", url=self.url) from exc
 
     def abort(self) -> None:
-        """Throw the partial output away; safe to call more than once."""
+        """Throw the partial output away; safe to call more than once. Never publishes anything."""
+        if self._state != "open":
+            return
+        self._state = "aborted"
+        file = getattr(self, "_file", None)
         try:
             if urls.is_local(self.url):
-                self._file.close()
+                if file is not None:
+                    file.close()
                 if self._temp and os.path.exists(self._temp):
                     os.unlink(self._temp)
                 return
-            if isinstance(self._file, AbstractBufferedFile) and not self._file.closed:
-                self._file.discard()  # aborts the multipart / resumable upload
-                self._file.closed = True  # never flush: that would publish a partial object
-            elif not getattr(self._file, "closed", True):
-                self._file.close()
+            if isinstance(file, AbstractBufferedFile):
+                # closed first, then discard(): aborts the S3 multipart / GCS resumable upload, also
+                # after a close() that failed half-way; a flush here would publish a partial object
+                remote.abort_upload(file, network=not remote._in_event_loop())
+            elif file is not None and not getattr(file, "closed", True):
+                file.close()
             if self._temp is not None and self._fs.exists(self._temp):
                 self._fs.rm(self._temp)
-        except (OSError, ValueError):
+        except Exception:  # noqa: BLE001 - abort is best effort and must not mask the first error
             pass
+
+    def __del__(self) -> None:
+        # dropped without commit() (an error unwound past the writer, a killed generator): abort
+        if getattr(self, "_state", "aborted") == "open":
+            self.abort()
 
 
 class _HashingSink:

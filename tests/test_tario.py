@@ -332,9 +332,13 @@ def test_truncated_gzip():
     expect_format_error(gz[: len(gz) // 2], "corrupt gzip")
 
 
-def test_gzip_with_bad_crc():
-    # the tar ends before the gzip trailer: the reader must still read on to check the CRC
-    gz = bytearray(gzip.compress(good_tar()))
+@pytest.mark.parametrize("size", [20 * 1024, 2 << 20], ids=["small", "exactly-2MiB"])
+def test_gzip_with_bad_crc(size):
+    # the tar ends before the gzip trailer: the reader must still read on to check the CRC, also
+    # when the end-of-archive marker ends exactly at a read boundary
+    data = write_tar([("a.bin", payload(1, size - 3 * BLOCK))])
+    assert len(data) == size
+    gz = bytearray(gzip.compress(data))
     gz[-8] ^= 0x01
     expect_format_error(bytes(gz), "corrupt gzip")
 

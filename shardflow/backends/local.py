@@ -6,9 +6,12 @@ import multiprocessing
 import os
 import queue
 import signal
+import sys
+import threading
+import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import cloudpickle
 
@@ -30,11 +33,43 @@ _worker_job: "ShardJob | None" = None
 _worker_queue: "multiprocessing.Queue[int] | None" = None
 
 
-def _init_worker(job_bytes: bytes, counts: "multiprocessing.Queue[int]") -> None:
-    """Unpickle the job once per worker process (cloudpickle: fn may live in __main__ or a job file)."""
+def _init_worker(job_bytes: bytes, counts: "multiprocessing.Queue[int]", parent: int = 0, threads: int = 0) -> None:
+    """Unpickle the job once per worker process (cloudpickle: fn may live in __main__ or a job file).
+
+    `threads`: intra-op threads for torch/BLAS in this worker (0: leave the libraries' defaults), so
+    N workers on N cores do not run N x N threads. `parent`: the driver's pid; the worker exits when
+    the driver is gone (kill -9), instead of running on as an orphan next to a rerun.
+    """
     global _worker_job, _worker_queue
+    signal.signal(signal.SIGINT, _interrupt_task)
+    if threads:
+        for name in _THREAD_VARIABLES:
+            os.environ.setdefault(name, str(threads))
+    if parent:
+        threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True, name="shardflow-parent-watch").start()
     _worker_job = cloudpickle.loads(job_bytes)
     _worker_queue = counts
+    torch = sys.modules.get("torch")
+    if threads and torch is not None:
+        torch.set_num_threads(threads)
+
+
+_THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def _exit_with_parent(parent: int) -> None:
+    """Poll the driver's pid; when it has died, end this worker (its task stays unfinished)."""
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
+def _worker_threads(workers: int) -> int:
+    """Threads per worker that keep workers x threads within the cores (0: the user decides)."""
+    if any(name in os.environ for name in _THREAD_VARIABLES):
+        return 0
+    return max(1, default_workers() // workers)
 
 
 def _report_samples(count: int) -> None:
@@ -43,8 +78,28 @@ def _report_samples(count: int) -> None:
 
 
 def _run_in_worker(task: Task) -> TaskResult:
+    global _worker_busy
     assert _worker_job is not None
-    return run_task(task, _worker_job, progress=_report_samples)
+    _worker_busy = True
+    try:
+        return run_task(task, _worker_job, progress=_report_samples)
+    finally:
+        _worker_busy = False
+
+
+_worker_busy = False
+
+
+def _interrupt_task(signum: int, frame: Any) -> None:
+    """SIGINT in a worker stops the task it runs (its shard in progress is discarded), once.
+
+    Ctrl-C in a terminal reaches the driver and every worker, and the driver then signals the workers
+    again: later signals, and signals while idle, are ignored; the pool's shutdown ends the worker.
+    """
+    global _worker_busy
+    if _worker_busy:
+        _worker_busy = False
+        raise KeyboardInterrupt
 
 
 def default_workers() -> int:
@@ -60,7 +115,7 @@ def execute_processes(job: "ShardJob", tasks: list[Task], progress: Progress, *,
     context = multiprocessing.get_context("spawn")
     counts = context.Queue()
     pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
-                               initargs=(cloudpickle.dumps(job), counts))
+                               initargs=(cloudpickle.dumps(job), counts, os.getpid(), _worker_threads(workers)))
     remaining = iter(tasks)
     running: dict[Future, Task] = {}
     clean = False

@@ -1,0 +1,230 @@
+"""Training-reader benchmark: shardflow.ShardDataset vs webdataset vs the pure JPEG-decode limit.
+
+Same shards (real JPEGs, 256x256, ~20 KB, synthetic but not noise), same decode (JPEG -> uint8 CHW
+tensor), same batch size, same shuffle buffer, same number of worker processes, one run:
+
+  shardflow   ShardDataset(decode="torchrgb8", batch_size=B, shuffle=S) + shardflow.Loader(workers)
+  webdataset  WebDataset(urls, shardshuffle=...).shuffle(S).decode("torchrgb8").to_tuple(...)
+              .batched(B) + WebLoader(batch_size=None, num_workers=workers)
+  limit       the same JPEG bytes, already in memory, decoded by `workers` processes into the same
+              uint8 CHW tensors (codecs' torchrgb8 decode), no I/O, no tar, no batches, no IPC
+
+Reported: samples/s over the whole epoch (startup included), ratio to webdataset, % of the decode
+limit, and time to the first batch (from constructing the dataset). Each reader runs `--repeat`
+times, alternating, and the best run of each is kept (the machine may be shared).
+
+    python bench/bench_reader.py                       # 4096 images, 2 workers, batch 64
+    python bench/bench_reader.py --gpu                 # also the batched GPU JPEG decode path
+    python bench/bench_reader.py --json out.json       # figures as JSON too
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+import warnings
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+import torch  # noqa: E402
+
+import shardflow as sf  # noqa: E402
+from shardflow.codecs import Decoder  # noqa: E402
+from shardflow.writer import ShardWriter  # noqa: E402
+
+
+# ------------------------------------------------------------------------------------- data
+
+
+def synthetic_jpeg(i: int, size: int = 256, quality: int = 95) -> bytes:
+    """A smooth, colourful, non-noise image (sinusoids + discs): ~20 KB at 256x256, quality 95."""
+    from PIL import Image
+
+    rng = np.random.default_rng(i)
+    y, x = np.mgrid[0:size, 0:size].astype(np.float32)
+    img = np.full((size, size, 3), 127.0, np.float32)
+    for c in range(3):
+        for _ in range(3):
+            fx, fy = rng.uniform(0.02, 0.35, 2)
+            img[..., c] += 30 * np.sin(fx * x + fy * y + rng.uniform(0, 6.3))
+    for _ in range(4):
+        cx, cy, r = rng.integers(20, size - 20, 3)
+        img[(x - cx) ** 2 + (y - cy) ** 2 < (r // 3) ** 2] = rng.integers(0, 255, 3)
+    buf = io.BytesIO()
+    Image.fromarray(img.clip(0, 255).astype(np.uint8)).save(buf, "JPEG", quality=quality)
+    return buf.getvalue()
+
+
+def make_shards(directory: str, n: int, per_shard: int) -> list[str]:
+    """Write the shards once (and a run-dir summary.json, so ShardDataset knows len())."""
+    stamp = os.path.join(directory, f".done-{n}-{per_shard}")
+    nshards = -(-n // per_shard)
+    urls = [os.path.join(directory, f"train-{i:04d}.tar") for i in range(nshards)]
+    if os.path.exists(stamp):
+        return urls
+    os.makedirs(directory, exist_ok=True)
+    with ShardWriter(os.path.join(directory, "train-%04d.tar"), maxcount=per_shard) as w:
+        for i in range(n):
+            w.write({"__key__": f"{i:07d}", "jpg": synthetic_jpeg(i), "cls": str(i % 1000).encode()})
+    os.makedirs(os.path.join(directory, "_shardflow"), exist_ok=True)
+    with open(os.path.join(directory, "_shardflow", "summary.json"), "w") as f:
+        json.dump({"shards": [s.to_json() for s in w.shards]}, f)
+    open(stamp, "w").close()
+    return urls
+
+
+def all_jpegs(urls: list[str]) -> list[bytes]:
+    out = []
+    for url in urls:
+        with open(url, "rb") as f:
+            out.extend(s["jpg"] for s in sf.read_samples(f, url))
+    return out
+
+
+# ------------------------------------------------------------------------------------- runs
+
+
+def run_shardflow(urls, args, gpu=False):
+    t0 = time.perf_counter()
+    ds = sf.ShardDataset(urls, decode="torchrgb8-gpu" if gpu else "torchrgb8", batch_size=args.batch,
+                         shuffle=args.shuffle, seed=0, to_tuple="jpg cls", on_error="raise")
+    loader = sf.Loader(ds, num_workers=args.workers, pin_memory=gpu)
+    return consume(loader, t0, gpu)
+
+
+def run_webdataset(urls, args):
+    import webdataset as wds
+
+    t0 = time.perf_counter()
+    ds = (
+        wds.WebDataset(urls, shardshuffle=len(urls), empty_check=False)
+        .shuffle(args.shuffle)
+        .decode("torchrgb8")
+        .to_tuple("jpg", "cls")
+        .batched(args.batch)
+    )
+    loader = wds.WebLoader(ds, batch_size=None, num_workers=args.workers)
+    return consume(loader, t0, False)
+
+
+def consume(loader, t0, gpu):
+    first = None
+    n = 0
+    for images, labels in loader:
+        if first is None:
+            if gpu:
+                torch.cuda.synchronize()
+            first = time.perf_counter() - t0
+        assert images.dtype == torch.uint8 and images.shape[1:] == (3, 256, 256), (images.dtype, images.shape)
+        n += images.shape[0]
+    if gpu:
+        torch.cuda.synchronize()
+    total = time.perf_counter() - t0
+    return {"samples": n, "seconds": total, "samples_per_s": n / total, "first_batch_s": first}
+
+
+_JPEGS: list[bytes] = []
+
+
+def _decode_part(part: tuple[int, int]) -> float:
+    torch.set_num_threads(1)
+    decode = Decoder("torchrgb8")
+    lo, hi = part
+    t = time.perf_counter()
+    for data in _JPEGS[lo:hi]:
+        decode({"jpg": data})["jpg"]
+    return time.perf_counter() - t
+
+
+def run_limit(jpegs, workers):
+    """Each of `workers` forked processes decodes its share of the in-memory JPEGs; the limit is
+    the samples/s of the slowest share (start-up and data transfer not counted)."""
+    global _JPEGS
+    _JPEGS = jpegs
+    n = len(jpegs)
+    parts = [(w * n // workers, (w + 1) * n // workers) for w in range(workers)]
+    with mp.get_context("fork").Pool(workers) as pool:
+        pool.map(_decode_part, [(0, min(64, n))] * workers)  # warm up (imports, simplejpeg)
+        times = pool.map(_decode_part, parts)
+    return {"samples": n, "seconds": max(times), "samples_per_s": n / max(times)}
+
+
+# ------------------------------------------------------------------------------------- main
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default=os.path.join(os.path.dirname(HERE), ".bench", "reader"))
+    p.add_argument("--n", type=int, default=4096, help="images")
+    p.add_argument("--per-shard", type=int, default=256)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--shuffle", type=int, default=1000)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--gpu", action="store_true", help="also run the batched GPU JPEG decode (decode='torchrgb8-gpu')")
+    p.add_argument("--json", help="write the figures here too")
+    args = p.parse_args()
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(1)
+
+    urls = make_shards(args.data, args.n, args.per_shard)
+    jpegs = all_jpegs(urls)
+    mean_kb = sum(map(len, jpegs)) / len(jpegs) / 1000
+    print(f"{len(jpegs)} JPEGs, 256x256, {mean_kb:.1f} KB mean, {len(urls)} shards; batch {args.batch}, "
+          f"{args.workers} workers, shuffle {args.shuffle}; {os.cpu_count()} CPUs; torch {torch.__version__}")
+
+    runs: dict[str, list[dict]] = {"shardflow": [], "webdataset": [], "limit": []}
+    have_gpu = args.gpu and torch.cuda.is_available()
+    if have_gpu:
+        runs["shardflow-gpu"] = []
+    elif args.gpu:
+        print("--gpu: no CUDA device here; the GPU path falls back to CPU decode (not timed)")
+    for _ in range(args.repeat):
+        runs["limit"].append(run_limit(jpegs, args.workers))
+        runs["webdataset"].append(run_webdataset(urls, args))
+        runs["shardflow"].append(run_shardflow(urls, args))
+        if have_gpu:
+            runs["shardflow-gpu"].append(run_shardflow(urls, args, gpu=True))
+    for name, rs in runs.items():
+        for r in rs:
+            if r["samples"] != len(jpegs):
+                raise SystemExit(f"{name} delivered {r['samples']} samples, expected {len(jpegs)}")
+
+    best = {name: max(rs, key=lambda r: r["samples_per_s"]) for name, rs in runs.items()}
+    first = {name: min(r["first_batch_s"] for r in rs) for name, rs in runs.items() if name != "limit"}
+    wds_rate, limit = best["webdataset"]["samples_per_s"], best["limit"]["samples_per_s"]
+    print()
+    print(f"{'reader':15s} {'samples/s':>10s} {'vs wds':>7s} {'% limit':>8s} {'1st batch':>10s}   (runs: samples/s)")
+    for name in runs:
+        r = best[name]
+        rate = r["samples_per_s"]
+        fb = f"{first[name] * 1000:8.0f}ms" if name in first else " " * 10
+        all_runs = ", ".join(f"{x['samples_per_s']:.0f}" for x in runs[name])
+        print(f"{name:15s} {rate:10.0f} {rate / wds_rate:6.2f}x {100 * rate / limit:7.1f}% {fb}   ({all_runs})")
+    summary = {
+        "config": {k: getattr(args, k) for k in ("n", "per_shard", "batch", "workers", "shuffle", "repeat")},
+        "jpeg_kb": round(mean_kb, 1), "cpus": os.cpu_count(), "torch": torch.__version__,
+        "best": best, "first_batch_s": first, "runs": runs,
+        "ratio_vs_webdataset": best["shardflow"]["samples_per_s"] / wds_rate,
+        "fraction_of_limit": best["shardflow"]["samples_per_s"] / limit,
+        "median_samples_per_s": {k: statistics.median(x["samples_per_s"] for x in v) for k, v in runs.items()},
+    }
+    print(f"\nshardflow: {summary['ratio_vs_webdataset']:.2f}x webdataset, "
+          f"{100 * summary['fraction_of_limit']:.1f}% of the decode limit, first batch "
+          f"{first['shardflow'] * 1000:.0f} ms vs {first['webdataset'] * 1000:.0f} ms")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,345 @@
+"""TarWriter / ShardWriter: receipts, reproducibility, rollover, atomic commit (local, memory, S3)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import random
+import tarfile
+
+import fsspec
+import pytest
+
+from shardflow.errors import PipeError, SampleError, ShardIOError
+from shardflow.samples import read_samples
+from shardflow.tario import TarStreamWriter
+from shardflow.writer import ShardInfo, ShardWriter, TarWriter, format_shard_name, remove_stale_temps
+
+
+def make_samples(n: int, size=lambda i: 100 + i, prefix="s"):
+    return [{"__key__": f"{prefix}/{i:06d}", "cls": b"%d" % i, "bin": os.urandom(size(i))} for i in range(n)]
+
+
+def all_files(path) -> list[str]:
+    return sorted(p.name for p in path.iterdir())
+
+
+def read_back(url, **kw):
+    return [{k: v for k, v in s.items() if k != "__url__"} for s in read_samples(url, **kw)]
+
+
+def sample_bytes(sample) -> int:
+    return sum(TarStreamWriter.member_size(f"{sample['__key__']}.{e}", len(v)) for e, v in sample.items() if not e.startswith("__"))
+
+
+class Boom(Exception):
+    pass
+
+
+# ------------------------------------------------------------------------------------------------
+# TarWriter
+
+
+def test_tarwriter_receipt_matches_the_file(tmp_path):
+    samples = make_samples(20)
+    url = str(tmp_path / "out.tar")
+    with TarWriter(url) as w:
+        for s in samples:
+            w.write(s)
+    info = w.close() if not w.closed else None
+    assert info is None  # the context manager committed it
+    data = (tmp_path / "out.tar").read_bytes()
+    assert read_back(url) == samples
+    with tarfile.open(url) as tf:
+        assert len(tf.getmembers()) == 40
+
+    w2 = TarWriter(str(tmp_path / "again.tar"))
+    for s in samples:
+        w2.write(s)
+    receipt = w2.close()
+    assert receipt == ShardInfo(str(tmp_path / "again.tar"), 20, len(data), hashlib.sha256(data).hexdigest())
+    assert (tmp_path / "again.tar").read_bytes() == data
+    assert receipt.to_json()["sha256"] == hashlib.sha256(data).hexdigest()
+
+
+def test_tarwriter_to_an_open_stream():
+    buf = io.BytesIO()
+    w = TarWriter(buf)
+    w.write({"__key__": "a", "txt": b"x"})
+    info = w.close()
+    assert info.nbytes == len(buf.getvalue()) == 3 * 512 + 512
+    assert not buf.closed  # the caller's stream stays open
+
+
+def test_exception_inside_tarwriter_leaves_nothing(tmp_path):
+    with pytest.raises(Boom):
+        with TarWriter(str(tmp_path / "x.tar")) as w:
+            w.write({"__key__": "a", "txt": b"x" * 100_000})
+            assert all_files(tmp_path) and "x.tar" not in all_files(tmp_path)  # only a hidden temp
+            raise Boom
+    assert all_files(tmp_path) == []
+
+
+def test_write_after_close_is_refused(tmp_path):
+    w = TarWriter(str(tmp_path / "x.tar"))
+    w.write({"__key__": "a", "txt": b"x"})
+    w.close()
+    with pytest.raises(ValueError):
+        w.write({"__key__": "b", "txt": b"x"})
+    with pytest.raises(ValueError):
+        w.close()
+
+
+def test_members_are_sorted_whatever_the_dict_order(tmp_path):
+    a = io.BytesIO()
+    b = io.BytesIO()
+    TarWriter(a).write({"__key__": "k", "txt": b"t", "cls": b"1", "jpg": b"j"})
+    TarWriter(b).write({"__key__": "k", "jpg": b"j", "cls": b"1", "txt": b"t"})
+    assert a.getvalue() == b.getvalue()
+    with tarfile.open(fileobj=io.BytesIO(a.getvalue() + bytes(1024))) as tf:
+        assert tf.getnames() == ["k.cls", "k.jpg", "k.txt"]
+
+
+def test_encoder_is_applied(tmp_path):
+    codecs = pytest.importorskip("shardflow.codecs")
+    url = str(tmp_path / "enc.tar")
+    with TarWriter(url, encoder=codecs.Encoder()) as w:
+        w.write({"__key__": "a", "json": {"x": [1, 2]}, "cls": 3, "txt": "héllo"})
+    (s,) = read_back(url)
+    assert s == {"__key__": "a", "json": b'{"x":[1,2]}', "cls": b"3", "txt": "héllo".encode()}
+
+
+# ------------------------------------------------------------------------------------------------
+# reproducibility
+
+
+def test_same_input_same_bytes(tmp_path):
+    samples = make_samples(300, size=lambda i: (i * 7919) % 5000)
+    receipts = []
+    for run in ("a", "b"):
+        with ShardWriter(str(tmp_path / run / "x-%03d.tar"), maxcount=50, maxsize=200_000) as w:
+            for s in samples:
+                w.write(dict(s))
+        receipts.append(w.shards)
+    a, b = receipts
+    assert len(a) > 3
+    assert [(r.nsamples, r.nbytes, r.sha256) for r in a] == [(r.nsamples, r.nbytes, r.sha256) for r in b]
+    for ra, rb in zip(a, b):
+        assert open(ra.url, "rb").read() == open(rb.url, "rb").read()
+
+
+# ------------------------------------------------------------------------------------------------
+# rollover
+
+
+def test_rollover_by_count_and_no_empty_shard(tmp_path):
+    pattern = str(tmp_path / "c-{shard:04d}.tar")
+    samples = make_samples(30)
+    with ShardWriter(pattern, maxcount=10) as w:
+        for s in samples:
+            w.write(s)
+    assert [i.nsamples for i in w.shards] == [10, 10, 10]
+    assert all_files(tmp_path) == ["c-0000.tar", "c-0001.tar", "c-0002.tar"]  # no empty c-0003.tar
+    got = [s for i in w.shards for s in read_back(i.url)]
+    assert got == samples
+    for info in w.shards:
+        data = open(info.url, "rb").read()
+        assert info.nbytes == len(data) and info.sha256 == hashlib.sha256(data).hexdigest()
+
+
+def test_nothing_written_creates_no_shard(tmp_path):
+    with ShardWriter(str(tmp_path / "e-%d.tar"), maxcount=5) as w:
+        pass
+    assert w.shards == [] and all_files(tmp_path) == []
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_rollover_by_size_keeps_every_shard_under_maxsize(tmp_path, seed):
+    rng = random.Random(seed)
+    sizes = [rng.choice([10, 500, 3000, 20_000, 70_000]) for _ in range(200)]
+    samples = make_samples(200, size=lambda i: sizes[i])
+    maxsize = 150_000
+    with ShardWriter(str(tmp_path / "z-%04d.tar"), maxcount=10_000, maxsize=maxsize) as w:
+        for s in samples:
+            w.write(s)
+    shards = w.shards
+    assert len(shards) > 5
+    got = []
+    for n, info in enumerate(shards):
+        assert os.path.getsize(info.url) == info.nbytes <= maxsize
+        part = read_back(info.url)
+        got += part
+        if n + 1 < len(shards):  # tight: the next sample really did not fit
+            nxt = samples[len(got)]
+            assert info.nbytes + sample_bytes(nxt) > maxsize
+    assert got == samples
+
+
+def test_a_single_oversize_sample_gets_a_shard_of_its_own(tmp_path):
+    samples = make_samples(3, size=lambda i: 500)
+    big = {"__key__": "s/big", "bin": os.urandom(50_000)}
+    with ShardWriter(str(tmp_path / "o-%d.tar"), maxsize=10_000) as w:
+        for s in [samples[0], big, samples[1], samples[2]]:
+            w.write(s)
+    counts = [(i.nsamples, i.nbytes > 10_000) for i in w.shards]
+    assert counts == [(1, False), (1, True), (2, False)]
+    assert read_back(w.shards[1].url) == [big]
+
+
+def test_maxcount_one_and_limits_validated(tmp_path):
+    with ShardWriter(str(tmp_path / "one-%d.tar"), maxcount=1) as w:
+        for s in make_samples(3):
+            w.write(s)
+    assert [i.nsamples for i in w.shards] == [1, 1, 1]
+    with pytest.raises(ValueError):
+        ShardWriter(str(tmp_path / "x-%d.tar"), maxcount=0)
+    with pytest.raises(ValueError):
+        ShardWriter(str(tmp_path / "x-%d.tar"), maxsize=100)
+
+
+def test_shard_names_and_on_commit(tmp_path):
+    assert format_shard_name("a-%06d.tar", 7) == "a-000007.tar"
+    assert format_shard_name("a-{shard:03d}.tar", 7) == "a-007.tar"
+    assert format_shard_name("a-{:02d}.tar", 7) == "a-07.tar"
+    assert format_shard_name(lambda i: f"n{i}.tar", 7) == "n7.tar"
+    seen: list[ShardInfo] = []
+    with ShardWriter(lambda i: str(tmp_path / f"cb{i}.tar"), maxcount=2, start_index=5, on_commit=seen.append) as w:
+        for s in make_samples(5):
+            w.write(s)
+    assert [os.path.basename(i.url) for i in seen] == ["cb5.tar", "cb6.tar", "cb7.tar"]
+    assert seen == w.shards
+
+
+def test_a_bad_sample_does_not_damage_the_shard(tmp_path):
+    samples = make_samples(4)
+    with ShardWriter(str(tmp_path / "b-%d.tar"), maxcount=100) as w:
+        w.write(samples[0])
+        with pytest.raises(SampleError):
+            w.write({"__key__": "bad.key", "txt": b"x"})
+        with pytest.raises(SampleError):
+            w.write({"__key__": "k", "json": {"not": "bytes"}})
+        for s in samples[1:]:
+            w.write(s)
+    assert read_back(w.shards[0].url) == samples
+
+
+# ------------------------------------------------------------------------------------------------
+# atomic commit
+
+
+def test_exception_mid_shard_keeps_committed_shards_and_leaves_no_partial(tmp_path):
+    samples = make_samples(25, size=lambda i: 10_000)
+    with pytest.raises(Boom):
+        with ShardWriter(str(tmp_path / "a-%03d.tar"), maxcount=10) as w:
+            for n, s in enumerate(samples):
+                if n == 23:
+                    listing = all_files(tmp_path)
+                    temps = [f for f in listing if f.startswith(".") and ".tmp-" in f]
+                    assert len(temps) == 1 and "a-002.tar" not in listing  # in progress: hidden
+                    raise Boom
+                w.write(s)
+    assert all_files(tmp_path) == ["a-000.tar", "a-001.tar"]  # no a-002.tar, no temp file
+    assert [s["__key__"] for s in read_back(str(tmp_path / "a-001.tar"))][-1] == "s/000019"
+
+
+def test_remove_stale_temps(tmp_path):
+    url = str(tmp_path / "x-000.tar")
+    w = TarWriter(url)  # a writer that "crashed": never closed nor aborted
+    w.write({"__key__": "a", "txt": b"x"})
+    w._sink.flush()
+    stale = [f for f in all_files(tmp_path) if ".tmp-" in f]
+    assert len(stale) == 1
+    (tmp_path / "x-001.tar").write_bytes(b"other shard, not a temp")
+    assert remove_stale_temps(url) == 1
+    assert all_files(tmp_path) == ["x-001.tar"]
+    w.abort()
+
+
+def test_memory_filesystem_commit_and_abort():
+    fs = fsspec.filesystem("memory")
+    base = "memory://shardflow-test-writer"
+    samples = make_samples(12)
+    with ShardWriter(base + "/m-%02d.tar", maxcount=5) as w:
+        for s in samples:
+            w.write(s)
+    assert sorted(fs.ls("/shardflow-test-writer", detail=False)) == [
+        "/shardflow-test-writer/m-00.tar", "/shardflow-test-writer/m-01.tar", "/shardflow-test-writer/m-02.tar"]
+    assert [s for i in w.shards for s in read_back(i.url)] == samples
+    with pytest.raises(Boom):
+        with TarWriter(base + "/gone.tar") as t:
+            t.write(samples[0])
+            raise Boom
+    assert not fs.exists("/shardflow-test-writer/gone.tar")
+    assert len(fs.ls("/shardflow-test-writer", detail=False)) == 3  # no temp left either
+    fs.rm("/shardflow-test-writer", recursive=True)
+
+
+def test_pipe_target_needs_permission_and_reports_failure(tmp_path, monkeypatch):
+    monkeypatch.delenv("SHARDFLOW_ALLOW_PIPE", raising=False)
+    out = tmp_path / "piped.tar"
+    with pytest.raises(PipeError, match="off by default"):
+        TarWriter(f"pipe:cat > {out}")
+    assert not out.exists()
+    with TarWriter(f"pipe:cat > {out}", allow_pipe=True) as w:
+        w.write({"__key__": "p", "txt": b"piped"})
+    assert read_back(str(out)) == [{"__key__": "p", "txt": b"piped"}]
+    w = TarWriter("pipe:cat > /dev/null; exit 3", allow_pipe=True)
+    w.write({"__key__": "p", "txt": b"x"})
+    with pytest.raises(PipeError, match="status 3"):
+        w.close()
+
+
+def test_write_error_is_a_shard_io_error(tmp_path):
+    w = TarWriter("pipe:exec 0<&-; sleep 0.2", allow_pipe=True)  # a command that closes its stdin
+    with pytest.raises(ShardIOError) as info:
+        for _ in range(200):
+            w.write({"__key__": "p", "bin": b"x" * 100_000})
+    assert "pipe:" in str(info.value)
+    w.abort()
+
+
+# ------------------------------------------------------------------------------------------------
+# S3 (the real S3-compatible server from conftest)
+
+
+def test_s3_round_trip(s3_server, s3_bucket):
+    options = s3_server.storage_options
+    samples = make_samples(25, size=lambda i: 2000 + i)
+    pattern = f"{s3_bucket}/rt/shard-%06d.tar"
+    with ShardWriter(pattern, maxcount=10, storage_options=options) as w:
+        for s in samples:
+            w.write(s)
+    assert [i.url for i in w.shards] == [pattern % n for n in range(3)]
+    fs = s3_server.filesystem()
+    got = []
+    for info in w.shards:
+        blob = fs.cat_file(info.url)
+        assert len(blob) == info.nbytes and hashlib.sha256(blob).hexdigest() == info.sha256
+        got += read_back(info.url, storage_options=options)
+    assert got == samples
+
+
+def test_s3_failed_write_leaves_no_object(s3_server, s3_bucket):
+    options = s3_server.storage_options
+    fs = s3_server.filesystem()
+    bucket = s3_bucket.split("://", 1)[1]
+    url = f"{s3_bucket}/failed/big.tar"
+    with pytest.raises(Boom):
+        with TarWriter(url, storage_options=options) as w:
+            for i in range(10):  # 40 MiB: several multipart parts are uploaded before the failure
+                w.write({"__key__": f"b{i}", "bin": os.urandom(4 * 2**20)})
+            uploads = s3_server.boto3_client().list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+            assert [u["Key"] for u in uploads] == ["failed/big.tar"]  # really under way
+            raise Boom
+    fs.invalidate_cache()
+    assert not fs.exists(url)
+    uploads = s3_server.boto3_client().list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+    assert uploads == []  # aborted, not left to linger (and bill)
+    with pytest.raises(Boom):
+        with ShardWriter(f"{s3_bucket}/failed/s-%d.tar", maxcount=2, storage_options=options) as sw:
+            for s in make_samples(3):
+                sw.write(s)
+            raise Boom
+    fs.invalidate_cache()
+    assert fs.ls(f"{s3_bucket}/failed", detail=False) == [f"{bucket}/failed/s-0.tar"]
