@@ -8,6 +8,8 @@ tensor), same batch size, same shuffle buffer, same number of worker processes, 
               .batched(B) + WebLoader(batch_size=None, num_workers=workers)
   limit       the same JPEG bytes, already in memory, decoded by `workers` processes into the same
               uint8 CHW tensors (codecs' torchrgb8 decode), no I/O, no tar, no batches, no IPC
+  shardflow-cl  ShardDataset(..., channels_last=True): the same values in channels-last memory, so
+              no HWC -> CHW transposition; compared with limit-hwc (JPEG -> HWC uint8, decode only)
 
 Reported: samples/s over the whole epoch (startup included), ratio to webdataset, % of the decode
 limit, and time to the first batch (from constructing the dataset). Each reader runs `--repeat`
@@ -93,10 +95,11 @@ def all_jpegs(urls: list[str]) -> list[bytes]:
 # ------------------------------------------------------------------------------------- runs
 
 
-def run_shardflow(urls, args, gpu=False):
+def run_shardflow(urls, args, gpu=False, channels_last=False):
     t0 = time.perf_counter()
     ds = sf.ShardDataset(urls, decode="torchrgb8-gpu" if gpu else "torchrgb8", batch_size=args.batch,
-                         shuffle=args.shuffle, seed=0, to_tuple="jpg cls", on_error="raise")
+                         shuffle=args.shuffle, seed=0, to_tuple="jpg cls", on_error="raise",
+                         channels_last=channels_last)
     loader = sf.Loader(ds, num_workers=args.workers, pin_memory=gpu)
     return consume(loader, t0, gpu)
 
@@ -135,25 +138,30 @@ def consume(loader, t0, gpu):
 _JPEGS: list[bytes] = []
 
 
-def _decode_part(part: tuple[int, int]) -> float:
+def _decode_part(job: tuple[str, int, int]) -> float:
     torch.set_num_threads(1)
-    decode = Decoder("torchrgb8")
-    lo, hi = part
+    spec, lo, hi = job
+    decode = Decoder(spec)
     t = time.perf_counter()
     for data in _JPEGS[lo:hi]:
-        decode({"jpg": data})["jpg"]
+        img = decode({"jpg": data})["jpg"]
+        if spec == "rgb8":
+            torch.from_numpy(img)
     return time.perf_counter() - t
 
 
-def run_limit(jpegs, workers):
+def run_limit(jpegs, workers, spec="torchrgb8"):
     """Each of `workers` forked processes decodes its share of the in-memory JPEGs; the limit is
-    the samples/s of the slowest share (start-up and data transfer not counted)."""
+    the samples/s of the slowest share (start-up and data transfer not counted).
+
+    spec "torchrgb8": JPEG -> uint8 CHW tensor, the very decode the readers do (codecs, simplejpeg
+    then HWC -> CHW); "rgb8": JPEG -> uint8 HWC (the decoder's own output, no transposition)."""
     global _JPEGS
     _JPEGS = jpegs
     n = len(jpegs)
-    parts = [(w * n // workers, (w + 1) * n // workers) for w in range(workers)]
+    parts = [(spec, w * n // workers, (w + 1) * n // workers) for w in range(workers)]
     with mp.get_context("fork").Pool(workers) as pool:
-        pool.map(_decode_part, [(0, min(64, n))] * workers)  # warm up (imports, simplejpeg)
+        pool.map(_decode_part, [(spec, 0, min(64, n))] * workers)  # warm up (imports, simplejpeg)
         times = pool.map(_decode_part, parts)
     return {"samples": n, "seconds": max(times), "samples_per_s": n / max(times)}
 
@@ -182,7 +190,8 @@ def main() -> None:
     print(f"{len(jpegs)} JPEGs, 256x256, {mean_kb:.1f} KB mean, {len(urls)} shards; batch {args.batch}, "
           f"{args.workers} workers, shuffle {args.shuffle}; {os.cpu_count()} CPUs; torch {torch.__version__}")
 
-    runs: dict[str, list[dict]] = {"shardflow": [], "webdataset": [], "limit": []}
+    runs: dict[str, list[dict]] = {"shardflow": [], "shardflow-cl": [], "webdataset": [], "limit": [],
+                                   "limit-hwc": []}
     have_gpu = args.gpu and torch.cuda.is_available()
     if have_gpu:
         runs["shardflow-gpu"] = []
@@ -190,8 +199,10 @@ def main() -> None:
         print("--gpu: no CUDA device here; the GPU path falls back to CPU decode (not timed)")
     for _ in range(args.repeat):
         runs["limit"].append(run_limit(jpegs, args.workers))
+        runs["limit-hwc"].append(run_limit(jpegs, args.workers, "rgb8"))
         runs["webdataset"].append(run_webdataset(urls, args))
         runs["shardflow"].append(run_shardflow(urls, args))
+        runs["shardflow-cl"].append(run_shardflow(urls, args, channels_last=True))
         if have_gpu:
             runs["shardflow-gpu"].append(run_shardflow(urls, args, gpu=True))
     for name, rs in runs.items():
@@ -200,7 +211,7 @@ def main() -> None:
                 raise SystemExit(f"{name} delivered {r['samples']} samples, expected {len(jpegs)}")
 
     best = {name: max(rs, key=lambda r: r["samples_per_s"]) for name, rs in runs.items()}
-    first = {name: min(r["first_batch_s"] for r in rs) for name, rs in runs.items() if name != "limit"}
+    first = {name: min(r["first_batch_s"] for r in rs) for name, rs in runs.items() if "first_batch_s" in rs[0]}
     wds_rate, limit = best["webdataset"]["samples_per_s"], best["limit"]["samples_per_s"]
     print()
     print(f"{'reader':15s} {'samples/s':>10s} {'vs wds':>7s} {'% limit':>8s} {'1st batch':>10s}   (runs: samples/s)")
@@ -216,11 +227,15 @@ def main() -> None:
         "best": best, "first_batch_s": first, "runs": runs,
         "ratio_vs_webdataset": best["shardflow"]["samples_per_s"] / wds_rate,
         "fraction_of_limit": best["shardflow"]["samples_per_s"] / limit,
+        "channels_last_fraction_of_hwc_limit":
+            best["shardflow-cl"]["samples_per_s"] / best["limit-hwc"]["samples_per_s"],
         "median_samples_per_s": {k: statistics.median(x["samples_per_s"] for x in v) for k, v in runs.items()},
     }
     print(f"\nshardflow: {summary['ratio_vs_webdataset']:.2f}x webdataset, "
           f"{100 * summary['fraction_of_limit']:.1f}% of the decode limit, first batch "
           f"{first['shardflow'] * 1000:.0f} ms vs {first['webdataset'] * 1000:.0f} ms")
+    print(f"shardflow channels_last: {100 * summary['channels_last_fraction_of_hwc_limit']:.1f}% of the HWC decode "
+          "limit (JPEG -> HWC uint8, no transposition)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)

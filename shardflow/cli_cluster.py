@@ -90,7 +90,7 @@ def _cluster_options(fn):
     options = [
         click.argument("jobfile"),
         click.option("--inputs", "-i", metavar="SPEC", help="input shards (brace pattern, glob, list)"),
-        click.option("--outputs", "-O", metavar="SPEC", help="output shards or pattern ({task}, {name}, {part})"),
+        click.option("--outputs", metavar="SPEC", help="output shards or pattern ({task}, {name}, {part})"),
         click.option("--run-dir", metavar="URL", help="run directory the pods share [default: _shardflow beside "
                      "the outputs]"),
         click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="job option or PARAMS value"),

@@ -158,7 +158,7 @@ def ls_command(spec: tuple[str, ...], as_json: bool, on_error: str, allow_pipe: 
     stderr so that stdout stays one line per sample.
     """
     options = _parse_options(storage_option)
-    out = click.get_text_stream("stdout")
+    out = sys.stdout
     with _errors(options):
         shards = _expand(spec, options)
         nsamples = nbytes = 0
@@ -199,7 +199,7 @@ def cat_command(url: str, keys: tuple[str, ...], exts: tuple[str, ...], allow_pi
       shardflow cat s3://b/train-000001.tar --key 000123 --ext jpg > 000123.jpg
     """
     options = _parse_options(storage_option)
-    out = click.get_binary_stream("stdout")
+    out = sys.stdout.buffer
     wanted_exts = [e.lower().lstrip(".") for e in exts]
     with _errors(options):
         remaining = set(keys)

@@ -282,11 +282,11 @@ def status_command(run_dir: str, nerrors: int, as_json: bool, storage_option: tu
 @click.command("jobs")
 def jobs_command() -> None:
     """List the built-in jobs (`shardflow run NAME`), with the file each one loads."""
-    from .jobfile import builtin_jobs, load_job_file
+    from .jobfile import builtin_jobs, job_summary
 
     for name, path in builtin_jobs().items():
         try:
-            summary = load_job_file(path).summary()
+            summary = job_summary(path)
         except ShardflowError as exc:
             summary = f"(cannot load: {exc})"
         click.echo(f"{name:10} {summary}\n{'':10} {path}")

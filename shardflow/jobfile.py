@@ -49,7 +49,8 @@ from .errors import JobError
 from .job import ShardJob
 
 __all__ = [
-    "JobFile", "load_job", "load_job_file", "resolve_job_path", "builtin_jobs", "parse_overrides",
+    "JobFile", "load_job", "load_job_file", "job_from_file", "job_summary", "resolve_job_path", "builtin_jobs",
+    "parse_overrides",
     "job_options", "BUILTIN_DIR",
 ]
 
@@ -114,6 +115,18 @@ class JobFile:
         return self.doc.strip().splitlines()[0] if self.doc.strip() else ""
 
 
+def job_summary(spec: str | os.PathLike[str]) -> str:
+    """First line of a job file's docstring, read without running the file (no imports)."""
+    import ast
+
+    path = resolve_job_path(spec)
+    try:
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    except (OSError, SyntaxError, UnicodeDecodeError) as exc:
+        raise JobError(f"cannot read job file {path}: {exc}") from None
+    return doc.strip().splitlines()[0] if doc.strip() else ""
+
+
 def _module_name(path: Path) -> str:
     digest = hashlib.blake2b(str(path.resolve()).encode(), digest_size=4).hexdigest()
     stem = "".join(c if c.isalnum() else "_" for c in path.stem)
@@ -153,7 +166,6 @@ def load_job_file(spec: str | os.PathLike[str]) -> JobFile:
     name = _module_name(path)
     module = types.ModuleType(name, None)
     module.__file__ = str(path)
-    module.__builtins__ = __builtins__  # type: ignore[attr-defined]
     previous = sys.modules.get(name)
     sys.modules[name] = module  # dataclasses and friends look their module up while it runs
     try:
@@ -259,7 +271,13 @@ def _coerce(key: str, value: Any, default: Any, where: str) -> Any:
     if isinstance(default, (int, float)) and not isinstance(default, bool):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise JobError(f"{where} {key!r} takes a number, got {value!r}")
-        return float(value) if isinstance(default, float) else value
+        if isinstance(default, float):
+            return float(value)
+        if isinstance(value, float):
+            if not value.is_integer():
+                raise JobError(f"{where} {key!r} takes an integer, got {value!r}")
+            return int(value)  # 1e4 -> 10000
+        return value
     if isinstance(default, (list, tuple)):
         if not isinstance(value, (list, tuple)):
             raise JobError(f"{where} {key!r} takes a list (JSON, e.g. [1, 2]), got {value!r}")

@@ -138,8 +138,10 @@ class RunStatus:
             kinds = ", ".join(f"{k} ({v})" for k, v in self.error_kinds[:5])
             lines.append(f"sample errors: {self.error_count} logged in {self.run_dir}/errors/: {kinds}")
             for e in self.error_examples:
-                lines.append(f"  task {e.get('task')} shard {e.get('shard')} key {e.get('key')!r} "
-                             f"[{e.get('stage')}] {e.get('type')}: {e.get('reason')}")
+                reason = str(e.get("reason"))
+                if not reason.startswith(f"{e.get('type')}:"):
+                    reason = f"{e.get('type')}: {reason}"
+                lines.append(f"  task {e.get('task')} shard {e.get('shard')} key {e.get('key')!r} [{e.get('stage')}] {reason}")
         for task_id, record in list(sorted(self.failed.items()))[-max(len(self.error_examples), 5):]:
             lines.append(f"FAILED task {task_id} [{record.get('kind')}]: {record.get('error')}")
         if pending and pending <= 20:

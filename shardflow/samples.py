@@ -26,7 +26,11 @@ class ShardflowWarning(UserWarning):
 
 
 def split_name(name: str) -> tuple[str, str]:
-    """Split a member path into (key, extension); extension is '' when the basename has no dot."""
+    """Split a member path into (key, extension); extension is '' when the basename has no dot.
+
+    This gives webdataset's split for every name webdataset gives a key to. A basename that starts
+    with '.' (a hidden file) gives a key that is empty or ends with '/': iter_samples reports those.
+    """
     slash = name.rfind("/")
     dot = name.find(".", slash + 1)
     if dot < 0:
@@ -140,6 +144,12 @@ def iter_samples(
                 yield done
         if not ext:
             problem(SampleError(f"member {member.name!r} has no extension (no '.' in its name)", url=url, key=key, offset=member.offset))
+            continue
+        if not key or key[-1] == "/":
+            problem(SampleError(
+                f"member {member.name!r} is a hidden file (its name starts with '.'), so it has no sample key",
+                url=url, key=key or None, offset=member.offset,
+            ))
             continue
         if current is not None and key == current["__key__"]:
             if ext in current:

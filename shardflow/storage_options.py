@@ -237,6 +237,20 @@ def redact(obj: Any) -> Any:
     return obj
 
 
+def strip_redacted(obj: Any) -> Any:
+    """A copy of `obj` without the entries `redact()` blanked out (values equal to '***').
+
+    For options read back from a run directory (job.pkl): a dropped credential makes the
+    filesystem fall back to the worker's own environment (AWS_*, GOOGLE_APPLICATION_CREDENTIALS,
+    instance roles) instead of signing with '***'.
+    """
+    if isinstance(obj, Mapping):
+        return {k: strip_redacted(v) for k, v in obj.items() if v != REDACTED}
+    if isinstance(obj, list):
+        return [strip_redacted(v) for v in obj if v != REDACTED]
+    return obj
+
+
 def _harmless_secret_value(key: str, value: Any) -> bool:
     if value is None or value == "" or is_env_reference(value):
         return True

@@ -11,7 +11,9 @@ with the byte offset (in the uncompressed tar stream) of the header at fault.
 from __future__ import annotations
 
 import gzip
+import io
 import zlib
+from zlib import adler32
 from dataclasses import dataclass
 from typing import BinaryIO, Iterator
 
@@ -21,6 +23,7 @@ BLOCK = 512
 _ZERO_BLOCK = bytes(BLOCK)
 _REGULAR = (b"0", b"\0", b"7")
 _CHUNK = 1 << 20
+_DIRECT_READ = 4 << 20  # members at least this large are read from a local file in one piece
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
@@ -94,12 +97,25 @@ class _Blocks:
             self._slow(skip)
         return data
 
+    # A local file (io.BufferedReader that can seek): large members are read with one read(n) after
+    # stepping back over what is buffered here, so a 10 MB member is one 10 MB allocation, not a
+    # join of two pieces (which would briefly need twice the member's size).
+    seekable_file: io.BufferedReader | None = None
+
     def _slow(self, n: int) -> bytes:
         buf, pos = self._buf, self._pos
         if pos + n <= len(buf):
             self._pos = pos + n
             self.offset += n
             return buf[pos : pos + n]
+        if n >= _DIRECT_READ and self.seekable_file is not None:
+            have = len(buf) - pos
+            self.seekable_file.seek(-have, io.SEEK_CUR)
+            self._buf, self._pos = b"", 0
+            data = self._raw(n)
+            self.offset += len(data)
+            self.short = len(data) < n
+            return data
         parts = [buf[pos:]] if pos < len(buf) else []
         have = len(buf) - pos
         while have < n:
@@ -155,7 +171,14 @@ def _open_blocks(stream: BinaryIO, url: str) -> _Blocks:
         blocks = _Blocks(unzipped.read, url)
         blocks.gzipped = True
         return blocks
-    return _Blocks(stream.read, url, head)
+    blocks = _Blocks(stream.read, url, head)
+    if isinstance(stream, io.BufferedReader):
+        try:
+            if stream.seekable():
+                blocks.seekable_file = stream
+        except (OSError, ValueError):
+            pass
+    return blocks
 
 
 def _number(field: bytes) -> int:
@@ -167,12 +190,21 @@ def _number(field: bytes) -> int:
     return int(text, 8) if text else 0
 
 
+def _byte_sum(data: bytes) -> int:
+    """The sum of the bytes of `data` (at most 512 of them), computed in C.
+
+    adler32's low 16 bits are (1 + sum of the bytes) mod 65521; a 256-byte half sums to at most
+    65280, so each half gives its exact sum. About 20x faster than sum() on a header.
+    """
+    return (adler32(data[:256]) & 0xFFFF) + (adler32(data[256:]) & 0xFFFF) - 2
+
+
 def _checksum_ok(header: bytes) -> bool:
     try:
         stored = _number(header[148:156])
     except ValueError:
         return False
-    unsigned = sum(header) - sum(header[148:156]) + 8 * 32
+    unsigned = _byte_sum(header) - sum(header[148:156]) + 8 * 32
     if stored == unsigned:
         return True
     signed = unsigned - 2 * sum(b for b in header if b > 127)  # old tars summed signed chars
@@ -400,6 +432,33 @@ def _octal(value: int, width: int) -> bytes:
     return b"%0*o\0" % (width - 1, value)
 
 
+_FLUSH_AT = 1 << 20  # members are handed to the stream in batches of about this many bytes
+_BIG = 1 << 15  # pieces at least this large are passed on as they are, never copied into a batch
+
+
+def coalesce(parts: list[bytes]) -> list[bytes]:
+    """`parts` with each run of small pieces joined into one: few, large pieces, same bytes."""
+    out: list[bytes] = []
+    small: list[bytes] = []
+    for part in parts:
+        if len(part) >= _BIG:
+            if small:
+                out.append(small[0] if len(small) == 1 else b"".join(small))
+                small = []
+            out.append(part)
+        else:
+            small.append(part)
+    if small:
+        out.append(small[0] if len(small) == 1 else b"".join(small))
+    return out
+
+
+def write_parts(out: BinaryIO, parts: list[bytes]) -> None:
+    """Write `parts` in order, small pieces joined (see coalesce)."""
+    for part in coalesce(parts):
+        out.write(part)
+
+
 class TarStreamWriter:
     """Write a deterministic tar to a binary stream.
 
@@ -407,6 +466,12 @@ class TarStreamWriter:
     members in identical order give byte-identical archives. Names longer than 100 bytes (or not
     ASCII) and sizes of 8 GiB or more get a pax header, which GNU tar, Python's tarfile and
     webdataset all read.
+
+    Members are gathered (by reference, not copied) and handed to the stream in batches of about
+    1 MiB: to `fileobj.write_parts(list_of_bytes)` when the stream has that method (writer.py's
+    hashing sink does), else as a few write() calls (small pieces joined, large ones as they are).
+    `flush()` hands over what is pending, `finish()` ends the archive and flushes.
+    `bytes_written` counts every byte added, pending or not.
     """
 
     def __init__(self, fileobj: BinaryIO, *, mtime: int = 0, mode: int = 0o444) -> None:
@@ -414,6 +479,12 @@ class TarStreamWriter:
         self._mtime = mtime
         self._mode = mode
         self.bytes_written = 0
+        self._pending: list[bytes] = []
+        self._pending_size = 0
+        # The fixed parts of every header, and their byte sum, so a header costs two joins.
+        self._ids = _octal(mode, 8) + _octal(0, 8) + _octal(0, 8)  # mode, uid, gid
+        self._mtime_field = _octal(mtime, 12)
+        self._fixed_sum = sum(self._ids) + sum(self._mtime_field) + 8 * 32 + sum(_HEADER_TAIL)
 
     @staticmethod
     def member_size(name: str, size: int) -> int:
@@ -439,34 +510,52 @@ class TarStreamWriter:
         self._emit(self._header(encoded, size_field, b"0"), data)
 
     def _emit(self, header: bytes, data: bytes) -> None:
-        padding = -len(data) % BLOCK
-        if len(data) < 65536:
-            self._out.write(header + data + _ZERO_BLOCK[:padding])
-        else:
-            self._out.write(header)
-            self._out.write(data)
-            if padding:
-                self._out.write(_ZERO_BLOCK[:padding])
-        self.bytes_written += BLOCK + len(data) + padding
+        size = len(data)
+        padding = -size % BLOCK
+        pending = self._pending
+        pending.append(header)
+        if size:
+            pending.append(data)
+        if padding:
+            pending.append(_ZERO_BLOCK[:padding])
+        written = BLOCK + size + padding
+        self.bytes_written += written
+        self._pending_size += written
+        if self._pending_size >= _FLUSH_AT:
+            self.flush()
 
     def _header(self, name: bytes, size: int, typeflag: bytes) -> bytes:
-        header = bytearray(BLOCK)
-        header[0 : len(name)] = name
-        header[100:108] = _octal(self._mode, 8)
-        header[108:116] = _octal(0, 8)
-        header[116:124] = _octal(0, 8)
-        header[124:136] = _octal(size, 12)
-        header[136:148] = _octal(self._mtime, 12)
-        header[148:156] = b" " * 8
-        header[156:157] = typeflag
-        header[257:265] = b"ustar\x0000"
-        header[148:156] = b"%06o\0 " % sum(header)
-        return bytes(header)
+        size_field = b"%011o\0" % size
+        checksum = self._fixed_sum + _byte_sum(name) + sum(size_field) + typeflag[0]
+        return b"".join((
+            name, _ZERO_BLOCK[: 100 - len(name)], self._ids, size_field, self._mtime_field,
+            b"%06o\0 " % checksum, typeflag, _HEADER_TAIL,
+        ))
+
+    def flush(self) -> None:
+        """Hand every pending byte to the stream (does not flush the stream itself)."""
+        if self._pending:
+            pending = self._pending
+            self._pending = []
+            self._pending_size = 0
+            chunks = coalesce(pending)
+            write = getattr(self._out, "write_parts", None)
+            if write is not None:
+                write(chunks)
+            else:
+                for chunk in chunks:
+                    self._out.write(chunk)
 
     def finish(self) -> None:
-        """Write the end-of-archive marker (two zero blocks)."""
-        self._out.write(_ZERO_BLOCK * 2)
+        """Write the end-of-archive marker (two zero blocks) and flush."""
+        self._pending.append(_ZERO_BLOCK * 2)
         self.bytes_written += 2 * BLOCK
+        self.flush()
+
+
+# Header bytes 157..512: linkname (empty), magic "ustar\0", version "00", empty owner names,
+# device numbers and prefix.
+_HEADER_TAIL = bytes(100) + b"ustar\x0000" + bytes(BLOCK - 265)
 
 
 def _pax_payload(name: bytes, size: int) -> bytes:

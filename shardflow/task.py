@@ -133,7 +133,12 @@ def _seed_globals(seed: int) -> None:
     np.random.seed(seed & 0xFFFFFFFF)
     torch = sys.modules.get("torch")
     if torch is not None:
-        torch.manual_seed(seed)
+        # not torch.manual_seed: with CUDA not yet initialised it queues a lazy seeding call together
+        # with a formatted stack trace (traceback + linecache stats), a few ms per sample
+        torch.random.default_generator.manual_seed(seed)
+        cuda = sys.modules.get("torch.cuda")
+        if cuda is not None and cuda.is_initialized():
+            cuda.manual_seed_all(seed)
 
 
 # -- the task ------------------------------------------------------------------------------------

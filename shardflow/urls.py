@@ -79,11 +79,18 @@ def _glob(pattern: str, storage_options: Options) -> list[str]:
         matches = []
     except (OSError, ValueError) as exc:
         raise ShardIOError(f"cannot list: {remote.describe(exc, options)}", url=pattern) from exc
+    if not _basename(pattern).startswith("."):
+        # like a shell: `*` does not match hidden names (writer temps `.x.tar.tmp-...`, markers)
+        matches = [m for m in matches if not _basename(m).startswith(".")]
     if not matches:
         raise ShardIOError(f"glob {pattern!r} matched no shards")
     if "://" not in pattern:
         return matches
     return [fs.unstrip_protocol(m) for m in matches]
+
+
+def _basename(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1]
 
 
 def _list_matches(fs: fsspec.AbstractFileSystem, path: str) -> list[str]:

@@ -22,7 +22,7 @@ import cloudpickle
 
 from . import storage_options as so
 from .errors import JobError
-from .rundir import RunDir
+from .rundir import RunDir, task_name
 from .task import INPUT, IO, USER, Task, TaskResult, run_task
 
 EXIT_OK = 0  # every task of the chunk is done (now or by an earlier attempt)
@@ -194,9 +194,7 @@ def _run_chunk(url: str, index: int, tasks_per_index: int, storage_options: dict
     for task_id in chunk.task_ids:
         task = Task.from_json(tasks[task_id])
         try:
-            result = run_task(task, job)
-        except JobError as exc:  # unexpected: run_task records failures itself
-            result = TaskResult(task.id, "failed", error=str(exc), kind=INPUT)
+            result = run_task(task, job)  # records task failures itself; what escapes is run-dir trouble
         except Exception as exc:  # noqa: BLE001 - the run directory went away mid-chunk
             raise WorkerExit(EXIT_RETRY, f"task {task.id}: {type(exc).__name__}: {exc}") from exc
         results.append(result)
@@ -205,7 +203,7 @@ def _run_chunk(url: str, index: int, tasks_per_index: int, storage_options: dict
             line += f" [{result.kind}] {result.error}"
         else:
             line += f" ({result.stats.samples_in} samples in, {result.stats.samples_out} out)"
-        _log(out, line)
+        _log(out, so.scrub(line, job.storage_options))
         if result.status == "failed" and exit_code([result], job.on_error) == EXIT_STOP:
             break
     code = exit_code(results, job.on_error)
@@ -254,7 +252,7 @@ def write_summary(run_dir: RunDir, plan: dict[str, Any] | None = None):
     results: dict[int, TaskResult] = {}
     for task_id in sorted(run_dir.failed_ids() - done):
         try:
-            record = run_dir.read_json(f"failed/{task_id:06d}.json")
+            record = run_dir.read_json(f"failed/{task_name(task_id)}.json")
         except FileNotFoundError:
             continue
         results[task_id] = TaskResult(task_id, "failed", error=record.get("error"), kind=record.get("kind"))

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import uuid
+from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any, BinaryIO, Callable
 
@@ -144,20 +146,119 @@ class AtomicOutput:
 
 
 class _HashingSink:
-    """Counts and hashes what passes through to the output, so receipts cost no second read."""
+    """Counts and hashes what passes through to the output, so receipts cost no second read.
 
-    def __init__(self, out: AtomicOutput | BinaryIO, hash_name: str | None) -> None:
+    With `threaded=True` (what TarWriter uses) the hashing and the writing each happen in a
+    background thread, in order, while the caller goes on reading, parsing and encoding: sha256
+    and the write system calls release the GIL, so with a spare core they cost little wall time.
+    At most `max_inflight` bytes (or one batch, when a batch is larger) wait for those threads, so
+    memory stays bounded. An error in the writing thread is raised by the next write() or drain().
+    """
+
+    def __init__(self, out: AtomicOutput | BinaryIO, hash_name: str | None, *, threaded: bool = False,
+                 max_inflight: int = 8 << 20) -> None:
         self._out = out
         self._hash = hashlib.new(hash_name) if hash_name else None
         self.nbytes = 0
+        self._threaded = threaded
+        self._threads: list[threading.Thread] = []
+        self._max_inflight = max_inflight
+        self._inflight = 0
+        self._cond = threading.Condition()
+        self._queues: list[deque] = []
+        self._error: BaseException | None = None
+        self._discard = False
 
     def write(self, data: bytes) -> int:
-        if self._hash is not None:
-            self._hash.update(data)
-        self.nbytes += len(data)
-        return self._out.write(data)
+        self.write_parts([data])
+        return len(data)
+
+    def write_parts(self, parts: list[bytes]) -> None:
+        """Hash and write `parts` in order (tario.TarStreamWriter hands its batches here)."""
+        size = 0
+        for part in parts:
+            size += len(part)
+        self.nbytes += size
+        if not self._threaded:
+            if self._hash is not None:
+                self._digest(parts)
+            self._write(parts)
+            return
+        if not self._threads:
+            self._start()
+        cond = self._cond
+        with cond:
+            while self._inflight and self._inflight + size > self._max_inflight and self._error is None:
+                cond.wait()
+            if self._error is not None:
+                raise self._error
+            self._inflight += size
+            item = [parts, size, len(self._queues)]  # released when every consumer is done with it
+            for queue in self._queues:
+                queue.append(item)
+            cond.notify_all()
+
+    def _digest(self, parts: list[bytes]) -> None:
+        update = self._hash.update  # type: ignore[union-attr]
+        for part in parts:
+            update(part)
+
+    def _write(self, parts: list[bytes]) -> None:
+        if self._error is None and not self._discard:
+            write = self._out.write
+            for part in parts:
+                write(part)
+
+    def _start(self) -> None:
+        consumers = [self._write] + ([self._digest] if self._hash is not None else [])
+        for consume in consumers:
+            queue: deque = deque()
+            self._queues.append(queue)
+            thread = threading.Thread(target=self._run, args=(queue, consume), daemon=True,
+                                      name="shardflow-shard-" + consume.__name__.strip("_"))
+            self._threads.append(thread)
+            thread.start()
+
+    def _run(self, queue: deque, consume: Callable[[list[bytes]], None]) -> None:
+        cond = self._cond
+        while True:
+            with cond:
+                while not queue:
+                    cond.wait()
+                item = queue.popleft()
+            if item is None:
+                return
+            try:
+                consume(item[0])
+            except BaseException as exc:  # noqa: BLE001 - handed to the writing thread
+                if self._error is None:
+                    self._error = exc
+            finally:
+                with cond:
+                    item[2] -= 1
+                    if item[2] == 0:
+                        self._inflight -= item[1]
+                        cond.notify_all()
+
+    def drain(self, discard: bool = False) -> None:
+        """Wait until every batch was hashed and written (or dropped, with discard=True); raise
+        the background threads' error, if any (not when discarding)."""
+        threads, self._threads = self._threads, []
+        if threads:
+            with self._cond:
+                self._discard = self._discard or discard
+                for queue in self._queues:
+                    queue.append(None)
+                self._cond.notify_all()
+            for thread in threads:
+                thread.join()
+            self._queues = []
+        if self._error is not None and not discard:
+            error, self._error = self._error, None
+            raise error
 
     def flush(self) -> None:
+        self.drain()
         flush = getattr(self._out, "flush", None)
         if flush is not None:
             flush()
@@ -186,6 +287,7 @@ class TarWriter:
         checksum: str | None = "sha256",
         temp_tag: str = "",
         allow_pipe: bool | None = None,
+        threaded: bool = True,
     ) -> None:
         self.url = target if isinstance(target, str) else str(getattr(target, "name", "<stream>"))
         self._atomic: AtomicOutput | None = None
@@ -197,7 +299,7 @@ class TarWriter:
             out = self._atomic = AtomicOutput(target, storage_options, tag=temp_tag)
         else:
             out = target
-        self._sink = _HashingSink(out, checksum)
+        self._sink = _HashingSink(out, checksum, threaded=threaded)
         self._tar = TarStreamWriter(self._sink, mtime=mtime)  # type: ignore[arg-type]
         self._encoder = encoder
         self.nsamples = 0
@@ -233,6 +335,7 @@ class TarWriter:
             raise ValueError(f"{self.url} is already closed")
         try:
             self._tar.finish()
+            self._sink.drain()  # every byte hashed and handed to the output
             if self._owned is not None:
                 self.closed = True
                 self._owned.close()  # a failing pipe: command raises PipeError here
@@ -251,6 +354,7 @@ class TarWriter:
         """Throw the shard away (nothing appears under its name); safe to call more than once."""
         if not self.closed:
             self.closed = True
+            self._sink.drain(discard=True)  # stop the writing thread before dropping its output
             if self._atomic is not None:
                 self._atomic.abort()
             elif self._owned is not None:
@@ -258,6 +362,14 @@ class TarWriter:
                     self._owned.close()
                 except (OSError, ShardIOError):
                     pass
+
+    def __del__(self) -> None:
+        # dropped without close() or abort(): stop the writing thread so the output can be aborted
+        if not getattr(self, "closed", True):
+            try:
+                self.abort()
+            except Exception:  # noqa: BLE001 - never raise from a finaliser
+                pass
 
     def __enter__(self) -> "TarWriter":
         return self

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pydantic
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -28,7 +29,7 @@ def _differences(a: Any, b: Any, path: str = "") -> list[str]:
         out = [f"{path}.{k}" for k in set(a) ^ set(b)]
         return out + [d for k in set(a) & set(b) for d in _differences(a[k], b[k], f"{path}.{k}")]
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _differences(x, y, f"{path}[{i}]")]
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in _differences(x, y, f"{path}[{i}]")]
     return [] if a == b else [f"{path}: {a!r} != {b!r}"]
 
 
@@ -59,7 +60,7 @@ def test_validation_is_able_to_fail():
         validate_workflow(data)
     data = workflow_for()
     data["spec"]["templates"][1]["container"]["resources"] = "lots"
-    with pytest.raises(Exception):  # pydantic's ValidationError
+    with pytest.raises(pydantic.ValidationError):
         validate_workflow(data)
 
 

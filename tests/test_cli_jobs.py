@@ -36,7 +36,7 @@ def test_run_reports_failed_tasks_and_exits_1(setup):
     assert done.returncode == 1, done.stderr
     assert "2/3 tasks done" in done.stdout and "1 failed" in done.stdout
     assert "FAILED task 2 [input]" in done.stdout and "in-000002.tar" in done.stdout
-    assert "sample failures: DecodeError (1), ValueError (1)" in done.stdout
+    assert "sample failures: " in done.stdout and "DecodeError (1)" in done.stdout and "ValueError (1)" in done.stdout
     assert "shardflow: 1 of 3 tasks failed (tasks 2); fix the cause and run the same command again" in done.stderr
     assert "Traceback" not in done.stderr
     assert [p.name for p in tars(tmp_path / "out")] == ["in-000000.tar", "in-000001.tar"]
@@ -125,7 +125,7 @@ def test_jobs_lists_the_builtin_jobs():
 
 
 def test_demo_runs_end_to_end(tmp_path):
-    done = cli("demo", "--dir", tmp_path / "demo", "--samples", "8", "--shards", "2", "--workers", "2", timeout=300)
+    done = cli("demo", "--dir", tmp_path / "demo", "--samples", "8", "--shards", "2", "--workers", "1", timeout=300)
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "wrote 2 shards x 4 samples (512x384 JPEG + json label)" in out
@@ -142,3 +142,13 @@ def test_demo_runs_end_to_end(tmp_path):
     again = cli("run", "augment", "--inputs", inputs, "--outputs", str(tmp_path / "demo" / "augmented" / "{name}.tar"))
     assert again.returncode == 0, again.stderr
     assert "2/2 tasks done (2 already done before)" in again.stdout
+
+
+def test_run_on_a_dask_cluster_by_address(setup, dask_cluster):
+    """--backend dask --address: the job file reaches the cluster's workers by value (not importable there)."""
+    tmp_path, job, base = setup
+    done = cli("run", job, "--inputs", spec(tmp_path / "in", "in", 2), "--outputs", str(tmp_path / "out" / "{name}.tar"),
+               "--backend", "dask", "--address", dask_cluster.address, "--set", "fail_on=s000002")
+    assert done.returncode == 0, done.stderr
+    assert "2/2 tasks done" in done.stdout and "8 in, 7 out" in done.stdout
+    assert sorted(p.name for p in tars(tmp_path / "out")) == ["in-000000.tar", "in-000001.tar"]

@@ -2,8 +2,8 @@
 
 docker/Dockerfile installs through docker/install.sh; here the build context is assembled the way
 Docker does (.dockerignore applied), install.sh runs into a fresh venv with the Dockerfile's default
-EXTRAS (without the torch stack, to stay quick), and the installed `shardflow` runs a tiny reshard
-through `k8s` + `worker` + `worker --finalize`, as pods would. Needs the package index.
+EXTRAS (without the torch stack, to stay quick), and the installed `shardflow` runs the built-in
+reshard job through `k8s` + `worker` + `worker --finalize`, as pods would. Needs the package index.
 Set SHARDFLOW_SKIP_INSTALL_TEST=1 to skip it locally; CI runs it.
 """
 
@@ -13,14 +13,13 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 import venv
 from pathlib import Path
 
 import pytest
 import yaml
 
-from test_k8s_helpers import copy_tree_without, input_keys, make_shards, output_keys, write_job_file
+from test_k8s_helpers import copy_tree_without, input_keys, make_shards, output_keys
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
@@ -139,22 +138,24 @@ def test_image_install_runs_a_reshard(tmp_path):
         return done
 
     assert "worker" in sf("--help").stdout
-    installed = subprocess.run([str(bin_dir / "python"), "-c", "import shardflow, s3fs, gcsfs; print(shardflow.__file__)"],
-                               env=run_env, capture_output=True, text=True)
+    check = "import shardflow, s3fs, gcsfs; print(shardflow.__file__)"
+    installed = subprocess.run([str(bin_dir / "python"), "-c", check],
+                               env=run_env, cwd=tmp_path, capture_output=True, text=True)
     assert installed.returncode == 0 and str(env_dir) in installed.stdout, installed.stderr  # not this checkout
-    assert subprocess.run([str(bin_dir / "python"), "-c", "import torch"], env=run_env).returncode != 0
+    assert subprocess.run([str(bin_dir / "python"), "-c", "import torch"], env=run_env, cwd=tmp_path,
+                          capture_output=True).returncode != 0
 
-    # a reshard (7 shards of 4 -> parts of at most 3), run the way pods run it
+    # the built-in reshard job (7 shards of 4, 2 per task -> parts of at most 3), run the way pods run it
     make_shards(tmp_path / "in", 7, 4)
-    job = write_job_file(tmp_path)
     out = tmp_path / "out"
     manifest = yaml.safe_load(sf(
-        "k8s", str(job), "--inputs", str(tmp_path / "in" / "in-{000000..000006}.tar"),
-        "--outputs", f"{out}/part-{{task:06d}}-{{part:03d}}.tar", "--set", "maxcount=3",
+        "k8s", "reshard", "--inputs", str(tmp_path / "in" / "in-{000000..000006}.tar"),
+        "--outputs", f"{out}/part-{{task:06d}}-{{part:03d}}.tar", "--set", "maxcount=3", "--set", "inputs_per_task=2",
         "--image", "shardflow:test", "--tasks-per-pod", "3").stdout)
+    assert manifest["spec"]["completions"] == 2  # 4 tasks, 3 per pod
     args = manifest["spec"]["template"]["spec"]["containers"][0]["args"]
-    for index in range(manifest["spec"]["completions"]):
+    for index in range(2):
         sf(*args, "--index", str(index))
     sf("worker", "--run-dir", str(out / "_shardflow"), "--finalize")
     assert output_keys(out) == input_keys(7, 4)
-    assert len(list(out.glob("part-*.tar"))) == 14  # each 4-sample shard split 3 + 1
+    assert len(list(out.glob("part-*.tar"))) == 3 * 3 + 2  # tasks of 8 samples -> 3+3+2; the last 4 -> 3+1

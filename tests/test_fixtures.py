@@ -52,15 +52,26 @@ def test_s3_buckets_are_fresh(s3_server, s3_bucket):
 
 
 def test_s3_many_buckets(s3_server):
-    """Lots of tests make a bucket each; the server must not run out of volumes."""
+    """Every bucket is a SeaweedFS collection; the fixture's master.toml grows one volume per
+    collection (not 7), so a long test session does not run out of volume slots."""
+    import json
+    import urllib.request
+
+    def volumes():
+        with urllib.request.urlopen(f"http://127.0.0.1:{s3_server.master_port}/dir/status") as resp:
+            topo = json.load(resp)["Topology"]
+        return sum(n["Volumes"] for dc in topo["DataCenters"] for r in dc["Racks"] for n in r["DataNodes"])
+
     fs = s3_server.filesystem()
-    names = [f"many-{i}-{os.getpid()}-{time.monotonic_ns() % 10**6}" for i in range(25)]
+    names = [f"many-{i}-{os.getpid()}-{time.monotonic_ns() % 10**6}" for i in range(8)]
+    before = volumes()
     try:
         for name in names:
             fs.mkdir(name)
             fs.pipe_file(f"{name}/x.bin", os.urandom(1000))
         for name in names:
             assert len(fs.cat_file(f"{name}/x.bin")) == 1000
+        assert volumes() - before <= len(names)
     finally:
         for name in names:
             s3_server.delete_bucket(name)

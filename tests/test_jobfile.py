@@ -52,6 +52,7 @@ def test_overrides_types_dotted_and_prefixes(tmp_path):
     ]))
     assert job.maxcount == 100 and job.seed == 9
     assert job.encode == {"png_compress_level": 6}
+    assert load_job(path, inputs="a", outputs="b", overrides=parse_overrides(["maxcount=1e4"])).maxcount == 10000
     # a str PARAMS default keeps the command-line text verbatim ("42", not 42); float defaults take ints
     assert job.params == {"tag": "42", "times": 3, "scale": 2.0, "flag": True, "labels": [3],
                           "nested": {"a": 1, "b": 5, "c": 1}}
@@ -64,6 +65,7 @@ def test_overrides_types_dotted_and_prefixes(tmp_path):
 @pytest.mark.parametrize("item, words", [
     ("nope=1", ["unknown setting 'nope'", "maxcount", "decode", "PARAMS of job.py: tag, times"]),
     ("times=many", ["'times' takes a number", "many"]),
+    ("times=1.5", ["'times' takes an integer, got 1.5"]),
     ("flag=1", ["'flag' takes true or false"]),
     ("labels=3", ["'labels' takes a list"]),
     ("tag.x=1", ["'tag' is not a dict"]),

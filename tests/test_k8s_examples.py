@@ -41,7 +41,8 @@ def test_check_mode_reports_drift(tmp_path, generated):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
     assert examples.main(["--root", str(tmp_path), "--check"]) == 0
-    (tmp_path / "k8s/augment-job.yaml").write_text(generated["k8s/augment-job.yaml"].replace("parallelism: 32", "parallelism: 8"))
+    changed = generated["k8s/augment-job.yaml"].replace("parallelism: 32", "parallelism: 8")
+    (tmp_path / "k8s/augment-job.yaml").write_text(changed)
     assert examples.main(["--root", str(tmp_path), "--check"]) == 1
 
 

@@ -300,7 +300,8 @@ def _run_items(template: dict[str, Any], step: dict[str, Any], runs: list[StepRu
             values = {"item": run.item or ""}
             params = {p["name"]: _fill(str(p["value"]), values)
                       for p in step.get("arguments", {}).get("parameters", [])}
-            argv = pod_argv(container, lambda s: _fill(s, {f"inputs.parameters.{k}": v for k, v in params.items()}))
+            inputs = {f"inputs.parameters.{k}": v for k, v in params.items()}
+            argv = pod_argv(container, lambda s, inputs=inputs: _fill(s, inputs))
             attempt = len(run.exit_codes)
             tmpdir = tmp / f"{template['name']}-{run.item}-{attempt}"
             tmpdir.mkdir(parents=True)
@@ -317,8 +318,8 @@ def _run_items(template: dict[str, Any], step: dict[str, Any], runs: list[StepRu
             run.phase = "Succeeded"
             continue
         status = "Error" if pod.disrupted else "Failed"
-        retries_left = len(run.exit_codes) <= limit
-        if retries_left and strategy.get("retryPolicy") in ("Always", "OnFailure" if status == "Failed" else "OnError") \
+        policy_applies = strategy.get("retryPolicy") in ("Always", "OnFailure" if status == "Failed" else "OnError")
+        if len(run.exit_codes) <= limit and policy_applies \
                 and argo_expression(strategy.get("expression", "true"), status, str(code)):
             queue.insert(0, runs.index(run))  # backoff not simulated
         else:

@@ -89,7 +89,8 @@ def test_pod_failure_policy_maps_exit_codes():
             assert condition["status"] in ("True", "False", "Unknown")
     # evaluated in order: a disruption is ignored whatever the exit code, first
     assert rules[0] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
-    actions = {code: rule["action"] for rule in rules if "onExitCodes" in rule for code in rule["onExitCodes"]["values"]}
+    on_exit = [rule for rule in rules if "onExitCodes" in rule]
+    actions = {code: rule["action"] for rule in on_exit for code in rule["onExitCodes"]["values"]}
     assert actions == {65: "FailIndex", 78: "FailJob"}  # 75 and crashes: counted, retried per index
 
 

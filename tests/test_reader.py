@@ -22,7 +22,7 @@ psutil = pytest.importorskip("psutil")
 import shardflow as sf  # noqa: E402
 from shardflow import ShardDataset, Loader  # noqa: E402
 from shardflow.codecs import Decoder  # noqa: E402
-from shardflow.errors import DecodeError, ShardflowError, ShardIOError  # noqa: E402
+from shardflow.errors import DecodeError, ShardIOError  # noqa: E402
 from shardflow.tario import TarStreamWriter  # noqa: E402
 from shardflow.writer import ShardWriter  # noqa: E402
 
@@ -95,6 +95,17 @@ def test_decodes_batches_like_the_codecs(data):
         first = next(sf.read_samples(f, ds.urls[0]))
     assert torch.equal(b["jpg"][0], dec(first)["jpg"])  # the batch fast path == the codec
     assert [len(x["__key__"]) for x in batches][-2:] == [5, 3]  # partial last batch kept
+
+
+def test_channels_last_batches_hold_the_same_values(data):
+    plain = list(ShardDataset(data["m"], decode="torchrgb8", batch_size=8))
+    cl = list(Loader(ShardDataset(data["m"], decode="torchrgb8", batch_size=8, channels_last=True), num_workers=2))
+    ref = {k: img for b in plain for k, img in zip(b["__key__"], b["jpg"])}
+    for b in cl:
+        assert b["jpg"].shape[1:] == (3, 16, 16)
+        assert b["jpg"].is_contiguous(memory_format=torch.channels_last) and not b["jpg"].is_contiguous()
+        assert all(torch.equal(img, ref[k]) for k, img in zip(b["__key__"], b["jpg"]))
+    assert sorted(keys_of(cl)) == data["keys"]
 
 
 def test_batches_are_identical_through_worker_processes(data):
@@ -257,10 +268,12 @@ def test_dataset_state_dict_in_process(data):
     ds = ShardDataset(data["m"], decode=None, shuffle=10, seed=2, batch_size=4)
     ds.set_epoch(3)
     full = keys_of(ds)
+    ds.set_epoch(3)
     it = iter(ds)
     seen = keys_of([next(it), next(it)])
     state = ds.state_dict()
     it.close()
+    assert state["epoch"] == 3 and not state["finished"]
     fresh = ShardDataset(data["m"], decode=None, shuffle=10, seed=2, batch_size=4)
     fresh.load_state_dict(state)
     assert fresh.epoch == 3
@@ -269,6 +282,38 @@ def test_dataset_state_dict_in_process(data):
     assert fresh.state_dict()["finished"]
     fresh.load_state_dict(fresh.state_dict())
     assert fresh.epoch == 4
+
+
+def test_plain_dataloader_resumes_from_a_loader_state(data):
+    make = lambda: ShardDataset(data["m"], decode=None, shuffle=10, seed=2, batch_size=4)  # noqa: E731
+    loader = Loader(make(), num_workers=2)
+    it = iter(loader)
+    seen = keys_of([next(it) for _ in range(3)])
+    state = loader.state_dict()
+    del it
+    ds = make()
+    ds.load_state_dict(state)
+    rest = keys_of(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2))
+    assert sorted(seen + rest) == data["keys"]
+
+
+def test_epochs_advance_without_set_epoch(data):
+    """Iterating the same object again runs the next epoch, in-process and in persistent workers."""
+    ds = ShardDataset(data["m"], decode=None, shuffle=10, seed=2)
+    a, b = keys_of(ds), keys_of(ds)
+    assert a != b and sorted(a) == sorted(b)
+    ds.set_epoch(0)
+    assert keys_of(ds) == a
+    per_epoch = []
+    for epoch in (0, 1):
+        fresh = ShardDataset(data["m"], decode=None, shuffle=10, seed=2)
+        fresh.set_epoch(epoch)
+        per_epoch.append(keys_of(torch.utils.data.DataLoader(fresh, batch_size=None, num_workers=2)))
+    persistent = torch.utils.data.DataLoader(ShardDataset(data["m"], decode=None, shuffle=10, seed=2), batch_size=None,
+                                             num_workers=2, persistent_workers=True)
+    first, second = keys_of(persistent), keys_of(persistent)
+    assert sorted(first) == sorted(second) == data["keys"] and first != second
+    assert first == per_epoch[0] and second == per_epoch[1]
 
 
 def test_state_from_another_layout_is_refused(data):
@@ -381,9 +426,9 @@ def test_bad_samples_warn(bad):
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_bad_samples_raise(bad, workers):
-    with pytest.raises(ShardflowError) as info:
+    with pytest.raises(DecodeError) as info:  # the first problem in shard order: k1's jpg
         list(Loader(ShardDataset(bad, on_error="raise"), num_workers=workers))
-    assert "k1" in str(info.value)
+    assert "k1" in str(info.value) and "b-000.tar" in str(info.value)
 
 
 @pytest.mark.parametrize("on_error", ["skip", "raise"])
@@ -417,7 +462,8 @@ def test_deferred_jpeg_path_decodes_in_the_main_process(data):
     ds = ShardDataset(data["m"], decode="torchrgb8", batch_size=6, to_tuple="jpg cls __key__")
     ds.gpu_decode, ds.device = True, "cpu"
     got = list(Loader(ds, num_workers=2))
-    ref = {k: img for b in ShardDataset(data["m"], decode="torchrgb8", batch_size=6) for k, img in zip(b["__key__"], b["jpg"])}
+    cpu = ShardDataset(data["m"], decode="torchrgb8", batch_size=6)
+    ref = {k: img for b in cpu for k, img in zip(b["__key__"], b["jpg"])}
     assert sorted(k for b in got for k in b[2]) == data["keys"]
     for imgs, _, keys in got:
         assert imgs.shape[1:] == (3, 16, 16) and imgs.dtype == torch.uint8

@@ -141,3 +141,50 @@ def test_two_shards_six_consumers_and_reruns_are_identical(datasets):
         assert got[0] and got[1]
     for i in (0, 2):  # seed 5 vs seed 6
         assert first[0][0][i]["epochs"][0]["keys"] != first[0][0][i + 1]["epochs"][0]["keys"]
+
+
+DIST_SCRIPT = r"""
+import json, sys
+import torch, torch.distributed as dist
+from shardflow import ShardDataset, Loader
+
+rank, world, port, spec = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+ds = ShardDataset(spec, decode="torchrgb8", batch_size=4, shuffle=8, seed=9, equalize="drop")
+loader = Loader(ds, num_workers=2)
+keys, batches = [], 0
+for batch in loader:
+    keys += batch["__key__"]
+    batches += 1
+    counted = torch.tensor([1])
+    dist.all_reduce(counted)  # a DDP step: every rank must get here the same number of times
+n = torch.tensor([batches])
+dist.all_reduce(n, op=dist.ReduceOp.MAX)
+print("RESULT " + json.dumps({"keys": keys, "batches": batches, "max_batches": int(n), "len": len(ds)}))
+dist.destroy_process_group()
+"""
+
+
+def test_torch_distributed_rank_and_equalize(datasets):
+    """With torch.distributed initialised (gloo, no RANK/WORLD_SIZE in the environment) the split
+    follows dist.get_rank(), and equalize='drop' keeps a DDP-style loop from hanging."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    spec, keys = datasets["six"]
+    world = 2
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["PYTHONPATH"] = str(REPO)
+    procs = [subprocess.Popen([sys.executable, "-c", DIST_SCRIPT, str(r), str(world), str(port), spec], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
+    results = []
+    for r, p in enumerate(procs):
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0, f"rank {r}:\n{err[-3000:]}"
+        results.append(json.loads(next(x for x in out.splitlines() if x.startswith("RESULT "))[7:]))
+    got = [k for res in results for k in res["keys"]]
+    assert len(got) == len(set(got)) == (len(keys) // world) * world
+    assert set(got) <= set(keys)
+    assert {res["batches"] for res in results} == {results[0]["max_batches"]} == {results[0]["len"]}

@@ -39,6 +39,7 @@ from shardflow.storage_options import (
     redact_urls,
     scrub,
     secret_values,
+    strip_redacted,
 )
 from shardflow.writer import TarWriter
 
@@ -163,6 +164,14 @@ def test_redact_replaces_secret_values_everywhere():
     assert red["gs://"] == {"token": "google_default", "project": "p"}
     assert red["list"][1] == "plain"
     assert options["key"] == "AKIAEXAMPLE"  # the input is not modified
+
+
+def test_strip_redacted_round_trip():
+    options = {"key": "AKIA1", "secret": "s", "anon": False, "s3://b": {"secret": "${X}", "token": "t"},
+               "client_kwargs": {"endpoint_url": "http://h"}}
+    stored = redact(options)
+    assert strip_redacted(stored) == {"anon": False, "s3://b": {"secret": "${X}"},
+                                      "client_kwargs": {"endpoint_url": "http://h"}}
 
 
 def test_redact_urls_in_strings():

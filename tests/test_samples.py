@@ -83,6 +83,7 @@ DUP = [("k/1.jpg", b"a"), ("k/1.jpg", b"b"), ("k/2.jpg", b"c")]
 CASE_DUP = [("k/1.jpg", b"a"), ("k/1.JPG", b"b"), ("k/2.jpg", b"c")]
 REAPPEAR = [("k/1.cls", b"1"), ("k/2.cls", b"2"), ("k/1.jpg", b"late"), ("k/3.cls", b"3")]
 NO_EXT = [("k/1.cls", b"1"), ("k/README", b"r"), ("k/2.cls", b"2")]
+HIDDEN = [("k/1.cls", b"1"), ("k/.DS_Store", b"r"), ("._2.cls", b"2"), ("k/2.cls", b"2")]
 
 
 @pytest.mark.parametrize(
@@ -122,6 +123,15 @@ def test_member_without_extension_is_reported():
     errors: list[ShardflowError] = []
     out = read(tar_of(NO_EXT), on_error="skip", report=errors.append)
     assert keys(out) == ["k/1", "k/2"] and len(errors) == 1 and "k/README" in str(errors[0])
+
+
+def test_hidden_files_are_reported_not_made_into_samples():
+    with pytest.raises(SampleError, match="hidden file"):
+        read(tar_of(HIDDEN))
+    errors: list[ShardflowError] = []
+    out = read(tar_of(HIDDEN), on_error="skip", report=errors.append)
+    assert keys(out) == ["k/1", "k/2"]
+    assert len(errors) == 2 and all("hidden file" in str(e) for e in errors)
 
 
 def test_warn_policy_issues_warnings():

@@ -176,6 +176,28 @@ def test_members_cross_buffer_boundaries():
     assert members_of(write_tar(files)) == files
 
 
+def test_large_members_from_a_local_file(tmp_path):
+    # members over 4 MiB are read from a local file in one piece (after stepping back over the
+    # read-ahead); the result must be the same as from a non-seekable stream and from gzip
+    sizes = [100, (4 << 20) + 3, 700, 9_000_001, 1, (4 << 20) - 1, 5_000_000]
+    files = [(f"x/{i:02d}.bin", payload(i, n)) for i, n in enumerate(sizes)]
+    data = write_tar(files)
+    path = tmp_path / "big.tar"
+    path.write_bytes(data)
+    with open(path, "rb", buffering=1 << 20) as f:
+        got = [(m.name, m.data, m.offset) for m in iter_members(f)]
+    assert [(n, d) for n, d, _ in got] == files
+    assert [o for *_, o in got] == [m.offset for m in iter_members(io.BytesIO(data))]
+    assert members_of(gzip.compress(data, compresslevel=1)) == files
+    with open(path, "rb") as f:  # truncated inside a large member: still an error
+        cut = io.BytesIO(f.read(got[3][2] + 6_000_000))
+    with pytest.raises(FormatError, match="needs 9000001 bytes"):
+        list(iter_members(cut))
+    path.write_bytes(data[: got[3][2] + 6_000_000])
+    with open(path, "rb") as f, pytest.raises(FormatError, match="needs 9000001 bytes"):
+        list(iter_members(f))
+
+
 def test_stream_stops_at_first_zero_block_and_ignores_trailing_bytes():
     data = write_tar([("a.txt", b"a")]) + b"garbage after the end"
     assert members_of(data) == [("a.txt", b"a")]
@@ -237,7 +259,38 @@ def test_member_size_is_exact(name, size):
     buf = io.BytesIO()
     w = TarStreamWriter(buf)
     w.add(name, b"q" * size)
-    assert len(buf.getvalue()) == TarStreamWriter.member_size(name, size) == w.bytes_written
+    assert w.bytes_written == TarStreamWriter.member_size(name, size)
+    w.flush()
+    assert len(buf.getvalue()) == w.bytes_written
+
+
+def test_small_members_are_gathered_into_few_writes():
+    class Counting(io.BytesIO):
+        calls = 0
+
+        def write(self, b):
+            Counting.calls += 1
+            return super().write(b)
+
+    out = Counting()
+    w = TarStreamWriter(out)
+    for i in range(2000):
+        w.add(f"k/{i:05d}.txt", b"x" * 100)
+    w.add("big.bin", b"b" * 200_000)  # written straight through
+    w.finish()
+    assert Counting.calls < 30
+    assert [(m.name, len(m.data)) for m in iter_members(io.BytesIO(out.getvalue()))][-1] == ("big.bin", 200_000)
+
+
+def test_byte_sum_is_exact():
+    import random
+
+    from shardflow.tario import _byte_sum
+
+    rng = random.Random(0)
+    blocks = [bytes(512), b"\xff" * 512, b"\xff" * 100, b""] + [rng.randbytes(rng.randint(0, 512)) for _ in range(500)]
+    for block in blocks:
+        assert _byte_sum(block) == sum(block)
 
 
 def test_pax_is_written_only_when_needed():

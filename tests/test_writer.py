@@ -7,6 +7,8 @@ import io
 import os
 import random
 import tarfile
+import threading
+import time
 
 import fsspec
 import pytest
@@ -94,10 +96,12 @@ def test_write_after_close_is_refused(tmp_path):
 def test_members_are_sorted_whatever_the_dict_order(tmp_path):
     a = io.BytesIO()
     b = io.BytesIO()
-    TarWriter(a).write({"__key__": "k", "txt": b"t", "cls": b"1", "jpg": b"j"})
-    TarWriter(b).write({"__key__": "k", "jpg": b"j", "cls": b"1", "txt": b"t"})
+    with TarWriter(a) as wa:
+        wa.write({"__key__": "k", "txt": b"t", "cls": b"1", "jpg": b"j"})
+    with TarWriter(b) as wb:
+        wb.write({"__key__": "k", "jpg": b"j", "cls": b"1", "txt": b"t"})
     assert a.getvalue() == b.getvalue()
-    with tarfile.open(fileobj=io.BytesIO(a.getvalue() + bytes(1024))) as tf:
+    with tarfile.open(fileobj=io.BytesIO(a.getvalue())) as tf:
         assert tf.getnames() == ["k.cls", "k.jpg", "k.txt"]
 
 
@@ -297,6 +301,57 @@ def test_write_error_is_a_shard_io_error(tmp_path):
             w.write({"__key__": "p", "bin": b"x" * 100_000})
     assert "pipe:" in str(info.value)
     w.abort()
+
+
+# ------------------------------------------------------------------------------------------------
+# the background hashing/writing threads
+
+
+@pytest.mark.parametrize("size", [10, 3000, 40_000, 300_000, 3_000_000])
+def test_threaded_and_plain_writers_give_the_same_bytes_and_receipt(tmp_path, size):
+    samples = make_samples(60, size=lambda i: size + i)
+    receipts = []
+    for threaded in (True, False):
+        url = str(tmp_path / f"t-{threaded}.tar")
+        with TarWriter(url, threaded=threaded) as w:
+            for s in samples:
+                w.write(s)
+        receipts.append((w.nsamples, os.path.getsize(url), hashlib.sha256(open(url, "rb").read()).hexdigest()))
+        assert read_back(url) == samples
+    assert receipts[0] == receipts[1]
+    assert (tmp_path / "t-True.tar").read_bytes() == (tmp_path / "t-False.tar").read_bytes()
+
+
+def test_error_in_the_writing_thread_reaches_the_caller(tmp_path):
+    w = TarWriter("pipe:exec 0<&-; sleep 5", allow_pipe=True)  # a reader that went away
+    t0 = time.monotonic()
+    with pytest.raises(ShardIOError, match="write failed"):
+        for _ in range(500):
+            w.write({"__key__": "p", "bin": b"x" * 100_000})
+        w.close()
+    assert time.monotonic() - t0 < 30
+    w.abort()
+
+
+def test_abort_with_batches_in_flight_leaves_nothing(tmp_path):
+    with pytest.raises(Boom):
+        with TarWriter(str(tmp_path / "x.tar")) as w:
+            for i in range(50):
+                w.write({"__key__": f"k{i}", "bin": os.urandom(500_000)})
+            raise Boom
+    assert all_files(tmp_path) == []
+    assert not [t for t in threading.enumerate() if t.name.startswith("shardflow-shard-")]
+
+
+def test_a_dropped_writer_is_aborted(tmp_path):
+    import gc
+
+    w = TarWriter(str(tmp_path / "dropped.tar"))
+    w.write({"__key__": "k", "bin": os.urandom(2_000_000)})
+    assert len(all_files(tmp_path)) == 1  # its temp file
+    del w
+    gc.collect()
+    assert all_files(tmp_path) == []
 
 
 # ------------------------------------------------------------------------------------------------

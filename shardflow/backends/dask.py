@@ -6,9 +6,10 @@
 
 How it works (docs/dask.md has the user's view):
 
-- The job is cloudpickled once and sent to the cluster once, as the result of a tiny task (so the
-  scheduler can recompute it if every worker holding it dies); each worker unpickles it once and
-  keeps it while the run lasts. Tasks carry only a Task value (ids and URLs).
+- The job is cloudpickled once and stored on the scheduler once (a dask Variable, so it outlives
+  any worker); each worker fetches and unpickles it on its first task and keeps it for the run.
+  Tasks carry only a Task value (ids and URLs) and have no dependencies, so the scheduler queues
+  them and hands them out in plan order as worker threads free up.
 - Only pending task ids are submitted (run_job already skipped the finished ones), at most
   `max_in_flight` at a time (default 3 x the cluster's threads), topped up as results come back, so
   100,000 tasks never sit in the scheduler at once. Each result is released as soon as it is read.
@@ -407,15 +408,15 @@ def execute_dask(job: "ShardJob", tasks: list[Task], progress: Progress, *, addr
             pass
         finished = 0
         while running:
+            if max_in_flight is None and time.monotonic() - limit_at > _LIMIT_REFRESH_S:
+                limit, limit_at = bound(), time.monotonic()  # the cluster may have grown or shrunk
+                while len(running) < limit and submit_next():
+                    pass
             try:
                 kind, value = events.get(timeout=_STATUS_POLL_S)
             except queue.Empty:
                 if client.status not in ("running", "connecting"):
                     raise _lost(scheduler, finished, len(running), job) from None
-                if max_in_flight is None and time.monotonic() - limit_at > _LIMIT_REFRESH_S:
-                    limit, limit_at = bound(), time.monotonic()
-                    while len(running) < limit and submit_next():
-                        pass
                 continue
             if kind == _SAMPLES:
                 progress.add_samples(int(value))
@@ -433,8 +434,21 @@ def execute_dask(job: "ShardJob", tasks: list[Task], progress: Progress, *, addr
                 pass
             finished += 1
             yield result
+        _drain_samples(events, progress)
     finally:
         _shutdown(client, cluster, own_client, running, job_variable, topic if subscribed else None)
+
+
+def _drain_samples(events: "queue.SimpleQueue[tuple[str, Any]]", progress: Progress, wait: float = 0.2) -> None:
+    """Count the sample events still on their way (the last ones of each task trail its result)."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            kind, value = events.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            return
+        if kind == _SAMPLES:
+            progress.add_samples(int(value))
 
 
 def _collect(future: Any, task: Task, job: "ShardJob", client: Any, distributed: Any, scheduler: str,

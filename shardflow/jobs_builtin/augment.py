@@ -39,8 +39,8 @@ def augment_image(image, rng, noise=0.05, flip=True, crop=None):
         top = int(torch.randint(0, height - side + 1, (), generator=rng))
         left = int(torch.randint(0, width - side + 1, (), generator=rng))
         image = image[..., top : top + side, left : left + side]
-    if noise:
-        image = image + torch.randn(image.shape, generator=rng) * noise
+    if noise:  # in place on the fresh noise tensor: no temporaries
+        image = torch.randn(image.shape, generator=rng).mul_(noise).add_(image)
     return image.clamp_(0.0, 1.0)
 
 

@@ -154,7 +154,8 @@ def pod_security() -> dict[str, Any]:
 
 def volumes(opts: ClusterOptions) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {"sizeLimit": opts.tmp_size}}]
-    out += [{"name": f"data-{i}", "persistentVolumeClaim": {"claimName": claim}} for i, (claim, _) in enumerate(opts.pvcs)]
+    for i, (claim, _) in enumerate(opts.pvcs):
+        out.append({"name": f"data-{i}", "persistentVolumeClaim": {"claimName": claim}})
     return out
 
 

@@ -40,7 +40,8 @@ def render_examples(root: Path) -> dict[str, str]:
     job = load_job(root / JOB, inputs=INPUTS, outputs=OUTPUTS, run_dir=RUN_DIR)
     opts = from_job(job, IMAGE, prepare=False, **OPTIONS)
     files = {}
-    for kind, cmd, path in (("kubernetes", "k8s", "k8s/augment-job.yaml"), ("argo", "argo", "argo/augment-workflow.yaml")):
+    targets = (("kubernetes", "k8s", "k8s/augment-job.yaml"), ("argo", "argo", "argo/augment-workflow.yaml"))
+    for kind, cmd, path in targets:
         note = NOTE.format(job=JOB, command=COMMAND.replace("CMD", cmd, 1))
         files[path] = "".join(f"# {line}\n" for line in note.splitlines()) + render_options(opts, kind)
     image, _, tag = IMAGE.rpartition(":")
@@ -70,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         if args.check:
             drift += 1
-            sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), text.splitlines(True), rel, rel + " (generated)"))
+            diff = difflib.unified_diff(old.splitlines(True), text.splitlines(True), rel, f"{rel} (generated)")
+            sys.stdout.writelines(diff)
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)

@@ -17,11 +17,16 @@ from .common import (
 KIND = "kubernetes"
 
 
+def _on_exit(code: int) -> dict[str, Any]:
+    return {"containerName": CONTAINER, "operator": "In", "values": [code]}
+
+
 def pod_failure_policy() -> dict[str, Any]:
+    """Rules in order: evictions first (whatever the exit code), then the worker's exit codes."""
     return {"rules": [
         {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-        {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": [EXIT_STOP]}},
-        {"action": "FailIndex", "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": [EXIT_BAD_INPUT]}},
+        {"action": "FailJob", "onExitCodes": _on_exit(EXIT_STOP)},
+        {"action": "FailIndex", "onExitCodes": _on_exit(EXIT_BAD_INPUT)},
     ]}
 
 

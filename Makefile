@@ -1,0 +1,34 @@
+# shardflow developer commands. `make demo` and `make test` are all a new checkout needs:
+# both create/refresh .venv first (scripts/setup.sh; a no-op in about a second when up to date).
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV   ?= .venv
+PYTHON := $(VENV)/bin/python
+# -p no:cacheprovider: no .pytest_cache written into the checkout; --durations: the slow ones in CI logs
+PYTEST_FLAGS ?= -q -p no:cacheprovider --durations=15
+# narrow a run: make test TESTS=tests/test_fixtures.py PYTEST_FLAGS="-q -x"
+TESTS ?=
+
+.PHONY: help setup demo test bench clean-venv
+
+help:
+	@echo "make setup   create/refresh .venv (pinned by constraints.txt)"
+	@echo "make demo    setup, then run 'shardflow demo'"
+	@echo "make test    setup, then run the test suite (real S3/GCS/Dask servers on 127.0.0.1)"
+	@echo "make bench   setup, then run bench/run.py"
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	$(VENV)/bin/shardflow demo
+
+test: setup
+	$(PYTHON) -m pytest $(PYTEST_FLAGS) $(TESTS)
+
+bench: setup
+	$(PYTHON) bench/run.py
+
+clean-venv:
+	rm -rf $(VENV)

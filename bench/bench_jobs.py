@@ -1,0 +1,199 @@
+"""Job benchmark: shardflow's augment job against the webdataset docs' recipe and a bare loop.
+
+All variants read the same synthetic shards (512x384 photo-like JPEG + json label), run the same
+augmentation (`augment_image` of jobs/augment.py: flip, Gaussian noise from sample_rng, clamp to
+[0, 1]) and write the same format (png + cls):
+
+(a) parallel, 2 workers:
+    recipe     the webdataset docs' way: `wds.WebDataset(url).decode("torchrgb")` per shard, the
+               function, `wds.TarWriter` per output shard, one `dask.delayed` per shard computed on a
+               `distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True)` (cluster
+               start-up NOT counted: the recipe is timed from compute() to the last shard written)
+    shardflow  `shardflow run jobs/augment.py --workers 2` (processes backend; worker start-up,
+               plan and run directory counted)
+(b) one process:
+    loop       a hand-written loop: tarfile in, shardflow.codecs Decoder("torchrgb"), the function,
+               Encoder(png level 1), tarfile out; nothing else
+    serial     `shardflow run jobs/augment.py --backend serial` (plan, run directory, atomic commit,
+               stats, error policy, per-sample seeding: the whole framework)
+
+Run: python bench/bench_jobs.py [--shards 8] [--per-shard 64] [--repeat 2] [--only a|b]
+Each figure is the best of --repeat runs (best-of damps noise from other processes on the machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import platform
+import resource
+import shutil
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from shardflow.demo import write_synthetic_shards  # noqa: E402
+from shardflow.jobfile import load_job, load_job_file  # noqa: E402
+
+JOB_FILE = REPO / "jobs" / "augment.py"
+
+
+# -- (a) the webdataset docs' recipe ---------------------------------------------------------------
+def recipe_shard(src: str, dst: str) -> int:
+    """One shard the webdataset way: WebDataset(...).decode("torchrgb") -> function -> wds.TarWriter."""
+    import webdataset as wds
+
+    process = load_job_file(JOB_FILE).fn  # the very same function body as the shardflow job
+    count = 0
+    dataset = wds.WebDataset(src, shardshuffle=False, empty_check=False).decode("torchrgb")
+    with wds.TarWriter(dst) as sink:
+        for sample in dataset:
+            out = process(sample)
+            sink.write({"__key__": out["__key__"], "png": out["png"].permute(1, 2, 0).numpy(), "cls": out["cls"]})
+            count += 1
+    return count
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_recipe(inputs: list[str], out: Path, workers: int) -> tuple[float, float, int]:
+    import dask
+    from distributed import Client, LocalCluster
+
+    out.mkdir(parents=True, exist_ok=True)
+    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        client.wait_for_workers(workers)
+        tasks = [dask.delayed(recipe_shard)(src, str(out / Path(src).name)) for src in inputs]
+        cpu_before = sum(client.run(_cpu_seconds).values()) + _cpu_seconds()
+        started = time.perf_counter()
+        counts = dask.compute(*tasks)
+        elapsed = time.perf_counter() - started
+        cpu = sum(client.run(_cpu_seconds).values()) + _cpu_seconds() - cpu_before
+        return elapsed, cpu, sum(counts)
+
+
+def run_shardflow(inputs_spec: str, out: Path, backend: str, workers: int | None) -> tuple[float, float, int]:
+    job = load_job(JOB_FILE, inputs=inputs_spec, outputs=str(out / "{name}.tar"))
+    cpu_before = _cpu_seconds() + _children_cpu_seconds()  # pool workers are waited for at the end
+    started = time.perf_counter()
+    report = job.run(backend, workers=workers) if workers else job.run(backend)
+    elapsed = time.perf_counter() - started
+    cpu = _cpu_seconds() + _children_cpu_seconds() - cpu_before
+    assert report.ok, str(report)
+    return elapsed, cpu, report.stats.samples_out
+
+
+# -- (b) a hand-written loop --------------------------------------------------------------------------
+def run_loop(inputs: list[str], out: Path) -> tuple[float, float, int]:
+    """Read with tarfile, decode/encode with shardflow.codecs, the same function, write with tarfile."""
+    from shardflow.codecs import Decoder, Encoder
+
+    process = load_job_file(JOB_FILE).fn
+    decode, encode = Decoder("torchrgb"), Encoder(png_compress_level=1)
+    out.mkdir(parents=True, exist_ok=True)
+    cpu_before = _cpu_seconds()
+    started = time.perf_counter()
+    count = 0
+    for src in inputs:
+        with tarfile.open(src) as tin, tarfile.open(out / Path(src).name, "w", format=tarfile.USTAR_FORMAT) as tout:
+            sample: dict = {}
+            members = iter(tin)
+
+            def flush() -> int:
+                if not sample:
+                    return 0
+                encoded = encode(process(decode(sample)))
+                for ext in sorted(k for k in encoded if not k.startswith("__")):
+                    info = tarfile.TarInfo(f"{encoded['__key__']}.{ext}")
+                    info.size = len(encoded[ext])
+                    tout.addfile(info, io.BytesIO(encoded[ext]))
+                return 1
+
+            for member in members:
+                key, _, ext = member.name.partition(".")
+                if sample and sample["__key__"] != key:
+                    count += flush()
+                    sample.clear()
+                sample.setdefault("__key__", key)
+                sample["__url__"] = src
+                sample[ext] = tin.extractfile(member).read()
+            count += flush()
+    return time.perf_counter() - started, _cpu_seconds() - cpu_before, count
+
+
+# -- driver ---------------------------------------------------------------------------------------------
+def best(fn, repeat: int, scratch: Path, label: str) -> tuple[float, float, int]:
+    """(best wall seconds, best CPU seconds, samples) over `repeat` runs."""
+    results = []
+    for attempt in range(repeat):
+        out = scratch / f"{label}-{attempt}"
+        results.append(fn(out))
+        shutil.rmtree(out, ignore_errors=True)
+        wall, cpu, count = results[-1]
+        print(f"  {label:10} run {attempt + 1}: {count} samples in {wall:.2f} s ({count / wall:.1f} samples/s), "
+              f"{cpu:.2f} CPU s ({cpu / count * 1e3:.1f} ms CPU per sample)", flush=True)
+    return min(r[0] for r in results), min(r[1] for r in results), results[0][2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shards", type=int, default=8)
+    parser.add_argument("--per-shard", type=int, default=64)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--only", choices=["a", "b"])
+    parser.add_argument("--dir", help="scratch directory (default: a temp dir, removed after)")
+    args = parser.parse_args()
+
+    scratch = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bench-jobs-"))
+    inputs = write_synthetic_shards(scratch / "in", args.shards, args.per_shard)
+    spec = str(scratch / "in" / f"train-{{000000..{args.shards - 1:06d}}}.tar")
+    total = args.shards * args.per_shard
+    print(f"{total} samples ({args.shards} shards x {args.per_shard}, 512x384 JPEG + json) on {os.cpu_count()} cores, "
+          f"python {platform.python_version()}, load average {os.getloadavg()[0]:.1f}", flush=True)
+    rows = []
+    try:
+        if args.only in (None, "a"):
+            print(f"(a) {args.workers} workers", flush=True)
+            recipe = best(lambda out: run_recipe(inputs, out, args.workers), args.repeat, scratch, "recipe")
+            ours = best(lambda out: run_shardflow(spec, out, "processes", args.workers), args.repeat, scratch, "shardflow")
+            rows.append(("(a) wds + dask recipe, 2 workers", recipe, None))
+            rows.append(("(a) shardflow processes, 2 workers", ours, recipe))
+        if args.only in (None, "b"):
+            print("(b) one process", flush=True)
+            loop = best(lambda out: run_loop(inputs, out), args.repeat, scratch, "loop")
+            serial = best(lambda out: run_shardflow(spec, out, "serial", None), args.repeat, scratch, "serial")
+            rows.append(("(b) hand-written loop, 1 process", loop, None))
+            rows.append(("(b) shardflow serial, 1 process", serial, loop))
+    finally:
+        if not args.dir:
+            shutil.rmtree(scratch, ignore_errors=True)
+    print()
+    print("| variant | samples/s (wall) | ratio | CPU ms per sample | ratio (CPU) |")
+    print("|---|---:|---:|---:|---:|")
+    for name, (wall, cpu, count), base in rows:
+        rate, per = count / wall, cpu / count * 1e3
+        ratio = "" if base is None else f"{rate / (base[2] / base[0]):.2f}x"
+        cpu_ratio = "" if base is None else f"{(base[1] / base[2] * 1e3) / per:.2f}x"
+        print(f"| {name} | {rate:.1f} | {ratio} | {per:.1f} | {cpu_ratio} |")
+    print(f"\nload average after: {os.getloadavg()[0]:.1f} (wall-clock figures are only meaningful on an idle machine;"
+          " CPU time per sample is less sensitive to other load)")
+
+
+if __name__ == "__main__":
+    main()
