@@ -30,7 +30,7 @@ import glob
 import hashlib
 import json
 import os
-import resource
+import threading
 import shutil
 import sys
 import tempfile
@@ -60,38 +60,47 @@ def digests(directory: str) -> dict[str, str]:
 
 
 class Meter:
-    """Wall time and the CPU time every process of a variant spent in the timed section: this one
-    (client, and for Dask the in-process scheduler and nannies), children that exited (the pool's
-    workers), and long-lived worker processes given by pid (a Dask cluster's workers)."""
+    """Wall time, and the CPU time that this process and all its descendants (pool workers, the
+    forkserver, Dask nannies and workers) spent in the timed section. Descendants are sampled every
+    50 ms, so a process that exits between two samples loses at most its last 50 ms."""
 
-    def __init__(self, pids=()):
+    def __init__(self, interval: float = 0.05):
         import psutil
 
-        self.procs = [psutil.Process(pid) for pid in pids]
+        self.psutil = psutil
+        self.interval = interval
+        self.me = psutil.Process()
+        self.seen: dict[tuple[int, float], float] = {}  # (pid, create_time) -> last CPU seen
+        self.base: dict[tuple[int, float], float] = {}
+        self.stop = threading.Event()
 
-    @staticmethod
-    def _rusage(who) -> float:
-        usage = resource.getrusage(who)
-        return usage.ru_utime + usage.ru_stime
+    def _sample(self) -> None:
+        for proc in [self.me, *self.me.children(recursive=True)]:
+            try:
+                times = proc.cpu_times()
+                key = (proc.pid, proc.create_time())
+            except self.psutil.Error:
+                continue
+            self.seen[key] = times.user + times.system
 
-    def _cpu(self) -> float:
-        total = self._rusage(resource.RUSAGE_SELF) + self._rusage(resource.RUSAGE_CHILDREN)
-        for proc in self.procs:
-            times = proc.cpu_times()
-            total += times.user + times.system
-        return total
+    def _loop(self) -> None:
+        while not self.stop.wait(self.interval):
+            self._sample()
 
     def __enter__(self) -> "Meter":
-        self.cpu0, self.t0 = self._cpu(), time.perf_counter()
+        self._sample()
+        self.base = dict(self.seen)
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+        self.t0 = time.perf_counter()
         return self
 
     def __exit__(self, *exc) -> None:
         self.wall = time.perf_counter() - self.t0
-        self.cpu = self._cpu() - self.cpu0
-
-
-def worker_pids(client) -> list[int]:
-    return list(client.run(os.getpid).values())
+        self.stop.set()
+        self.thread.join()
+        self._sample()
+        self.cpu = sum(cpu - self.base.get(key, 0.0) for key, cpu in self.seen.items())
 
 
 def local_cluster(workers: int):
@@ -138,7 +147,7 @@ def run_dask(job_path, spec, out, workers, *, with_start=False):
     else:
         cluster, client = local_cluster(workers)
         try:
-            with Meter(worker_pids(client)) as meter:
+            with Meter() as meter:
                 report = job.run("dask", client=client, progress=False)
         finally:
             client.close()
@@ -154,7 +163,7 @@ def run_recipe(job_path, urls, out, workers):
     process = load_job_file(job_path).fn  # the job file's function (travels by value, as with shardflow)
     cluster, client = local_cluster(workers)
     try:
-        with Meter(worker_pids(client)) as meter:
+        with Meter() as meter:
             tasks = [dask.delayed(recipe_shard)(process, url, os.path.join(out, os.path.basename(url)))
                      for url in urls]
             counts = dask.compute(*tasks, scheduler=client)
@@ -187,7 +196,7 @@ def overhead(root: str, tasks: int, workers: int, repeat: int) -> dict[str, floa
                 shutil.rmtree(out, ignore_errors=True)
                 job = sf.ShardJob(noop, spec, os.path.join(out, "{name}.tar"))
                 options = {"workers": workers} if backend == "processes" else {"client": client}
-                with Meter(worker_pids(client) if backend == "dask" else ()) as meter:
+                with Meter() as meter:
                     report = job.run(backend, progress=False, **options)
                 assert report.ok and report.done == tasks, str(report)
                 wall_ms, cpu_ms = meter.wall / tasks * 1000, meter.cpu / tasks * 1000

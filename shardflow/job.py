@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 
 import braceexpand
 
+from . import storage_options as so
 from . import urls
 from .errors import JobError
 from .rundir import RunDir
@@ -131,12 +132,8 @@ class ShardJob:
 
     # -- where things go -----------------------------------------------------------------------
     def options_for(self, url: str) -> dict[str, Any]:
-        """storage_options for `url`: a flat dict, or per-prefix dicts (longest prefix wins)."""
-        options = self.storage_options or {}
-        if not any("://" in key for key in options):
-            return dict(options)
-        matches = [key for key in options if url.startswith(key)]
-        return dict(options[max(matches, key=len)]) if matches else {}
+        """storage_options for `url`: flat, per-prefix (longest prefix wins), `${VAR}` resolved."""
+        return so.options_for(url, self.storage_options)
 
     @property
     def run_dir(self) -> str:

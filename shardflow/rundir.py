@@ -15,6 +15,7 @@ crash never leaves a truncated JSON that breaks resume.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -24,6 +25,7 @@ from typing import Any, Iterable
 import cloudpickle
 
 from . import urls
+from .storage_options import redact, strip_redacted
 from .errors import JobError
 
 PLAN_VERSION = 1
@@ -163,7 +165,14 @@ class RunDir:
             raise JobError(f"no plan.json in run directory {self.url}: plan or run the job first") from exc
 
     def save_job(self, job: Any) -> None:
-        self.write_bytes("job.pkl", cloudpickle.dumps(job))
+        """Store the job for workers and pods, without secrets.
+
+        Secret storage options (keys, tokens, passwords) are left out: whoever loads the job takes
+        credentials from its own environment or from `${VAR}` references, never from this file.
+        """
+        stored = copy.copy(job)
+        stored.storage_options = strip_redacted(redact(job.storage_options))
+        self.write_bytes("job.pkl", cloudpickle.dumps(stored))
 
     def load_job(self) -> Any:
         """The job saved by save_job (pickle: only load run directories you wrote yourself)."""

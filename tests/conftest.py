@@ -17,7 +17,6 @@ reason; a server that fails to start raises ``ServerStartError`` with the tail o
 from __future__ import annotations
 
 import atexit
-import copy
 import json
 import os
 import re

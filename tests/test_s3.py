@@ -451,9 +451,6 @@ def _check_outputs_and_secrets(fs, out_prefix, run_dir, secrets):
             assert secret.encode() not in data, f"credential found in {path}"
 
 
-@pytest.mark.xfail(strict=True, reason="job layer: RunDir.save_job pickles literal storage_options into job.pkl; "
-                   "it must store storage_options.redact(...) (see docs/object-storage.md). Remove this "
-                   "marker once wired.")
 @pytest.mark.parametrize("backend", ["processes"])
 def test_job_s3_to_s3_killed_and_resumed(s3_server, s3_bucket, tmp_path, backend):
     pytest.importorskip("shardflow.job")

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
 __all__ = ["execute_dask", "dumps_job", "missing_module_message"]
 
-_DONE, _SAMPLES = "done", "samples"
+_DONE, _EVENT = "done", "event"
 _STATUS_POLL_S = 1.0  # how often the client checks the scheduler connection while nothing happens
 _LIMIT_REFRESH_S = 5.0  # how often the in-flight bound follows the cluster's size (adaptive clusters)
 
@@ -205,7 +205,35 @@ def _worker_address() -> str:
 
 
 def _run_on_worker(task: Task, token: str, variable: str, topic: str) -> TaskResult:
-    """What each Dask task runs: the job (fetched and unpickled once per worker), then run_task."""
+    """What each Dask task runs: the job (fetched and unpickled once per worker), then run_task.
+
+    The result is also sent to the client on the run's event topic, ahead of the task's completion,
+    so the client need not fetch it through the scheduler (it still can: the return value)."""
+    result = _run(task, token, variable, topic)
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+        worker.log_event(topic, {"key": worker.get_current_task(), "result": result_to_json(result)})
+    except Exception:  # noqa: BLE001 - the client gathers the return value instead
+        pass
+    return result
+
+
+def result_to_json(result: TaskResult) -> dict[str, Any]:
+    """A TaskResult as msgpack/JSON-safe data (the inverse of result_from_json)."""
+    return {"task_id": result.task_id, "status": result.status, "stats": result.stats.to_json(),
+            "outputs": result.outputs, "error": result.error, "kind": result.kind, "attempts": result.attempts}
+
+
+def result_from_json(data: dict[str, Any]) -> TaskResult:
+    from ..stats import Stats
+
+    return TaskResult(int(data["task_id"]), data["status"], Stats.from_json(data["stats"]), list(data["outputs"]),
+                      data.get("error"), data.get("kind"), int(data.get("attempts", 1)))
+
+
+def _run(task: Task, token: str, variable: str, topic: str) -> TaskResult:
     try:
         job = _load_job(token, variable)
     except ModuleNotFoundError as exc:
@@ -267,10 +295,15 @@ def _connect(address: str | None, client: Any, workers: int | None, threads_per_
         return client, None, address
     from .local import default_workers
 
-    cluster = distributed.LocalCluster(
-        n_workers=workers or default_workers(), threads_per_worker=threads_per_worker, processes=True,
-        dashboard_address=dashboard_address,
-    )
+    import dask
+
+    # worker-saturation 1.0: a worker holds only the tasks it is running, so when a task kills its
+    # worker no innocent task queued behind it on that worker is counted towards allowed-failures
+    with dask.config.set({"distributed.scheduler.worker-saturation": 1.0}):
+        cluster = distributed.LocalCluster(
+            n_workers=workers or default_workers(), threads_per_worker=threads_per_worker, processes=True,
+            dashboard_address=dashboard_address,
+        )
     try:
         client = distributed.Client(cluster, set_as_default=False)
     except BaseException:
@@ -366,6 +399,7 @@ def execute_dask(job: "ShardJob", tasks: list[Task], progress: Progress, *, addr
     topic = f"{prefix}-progress-{run_id}"
     events: "queue.SimpleQueue[tuple[str, Any]]" = queue.SimpleQueue()
     running: dict[Any, tuple[Any, Task]] = {}
+    sent: dict[Any, dict[str, Any]] = {}  # results that arrived as events, by task key
     job_variable = None
     subscribed = False
     try:
@@ -379,7 +413,7 @@ def execute_dask(job: "ShardJob", tasks: list[Task], progress: Progress, *, addr
         job_variable = distributed.Variable(f"{prefix}-job-{run_id}", client=client)
         job_variable.set(blob)
         try:
-            client.subscribe_topic(topic, lambda event: events.put((_SAMPLES, event[1])))
+            client.subscribe_topic(topic, lambda event: events.put((_EVENT, event[1])))
             subscribed = True
         except Exception:  # noqa: BLE001 - no live counts then; results still carry them
             pass
@@ -387,51 +421,60 @@ def execute_dask(job: "ShardJob", tasks: list[Task], progress: Progress, *, addr
         def on_done(future: Any) -> None:
             events.put((_DONE, future.key))
 
-        remaining = iter(enumerate(tasks))
+        remaining = list(reversed(tasks))  # popped from the end: plan order
 
-        def submit_next() -> bool:
-            index, task = next(remaining, (0, None))
-            if task is None:
-                return False
-            # priority: in plan order (Dask otherwise favours recent submissions)
-            future = client.submit(_run_on_worker, task, token, job_variable.name, topic, priority=-index,
-                                   key=f"{prefix}-{run_id}-{task.id}", pure=False, retries=0)
-            running[future.key] = (future, task)
-            future.add_done_callback(on_done)
-            return True
+        def top_up(limit: int, threads: int) -> None:
+            """Submit tasks until `limit` are in flight, in one call (one graph update for the
+            scheduler), once at least `threads` slots are free or no task is left to wait for."""
+            free = limit - len(running)
+            if not remaining or free <= 0 or (free < threads and len(running) >= threads):
+                return
+            batch = [remaining.pop() for _ in range(min(free, len(remaining)))]
+            futures = client.map(_run_on_worker, batch, token=token, variable=job_variable.name, topic=topic,
+                                 key=[f"{prefix}-{run_id}-{task.id:06d}" for task in batch],
+                                 priority=-(len(tasks) - len(remaining)), pure=False, retries=0)
+            for future, task in zip(futures, batch):
+                running[future.key] = (future, task)
+                future.add_done_callback(on_done)
 
-        def bound() -> int:
-            return max_in_flight or max(4, 3 * _cluster_threads(client))
+        def size() -> tuple[int, int]:
+            threads = max(1, _cluster_threads(client))
+            return (max_in_flight or max(4, 3 * threads)), (min(threads, max_in_flight) if max_in_flight else threads)
 
-        limit, limit_at = bound(), time.monotonic()
-        while len(running) < limit and submit_next():
-            pass
+        (limit, threads), sized_at = size(), time.monotonic()
+        top_up(limit, threads)
         finished = 0
         while running:
-            if max_in_flight is None and time.monotonic() - limit_at > _LIMIT_REFRESH_S:
-                limit, limit_at = bound(), time.monotonic()  # the cluster may have grown or shrunk
-                while len(running) < limit and submit_next():
-                    pass
+            if time.monotonic() - sized_at > _LIMIT_REFRESH_S:
+                (limit, threads), sized_at = size(), time.monotonic()  # the cluster may have grown or shrunk
+                top_up(limit, threads)
             try:
                 kind, value = events.get(timeout=_STATUS_POLL_S)
             except queue.Empty:
                 if client.status not in ("running", "connecting"):
                     raise _lost(scheduler, finished, len(running), job) from None
                 continue
-            if kind == _SAMPLES:
-                progress.add_samples(int(value))
+            if kind == _EVENT:
+                if isinstance(value, dict):  # a task's result, just ahead of its completion
+                    if value.get("key") in running:
+                        sent[value["key"]] = value["result"]
+                else:
+                    progress.add_samples(int(value))
                 continue
             entry = running.pop(value, None)
             if entry is None:
                 continue
             future, task = entry
-            result = _collect(future, task, job, client, distributed, scheduler, finished, len(running))
+            payload = sent.pop(value, None)
+            if payload is not None and future.status == "finished":
+                result = result_from_json(payload)
+            else:
+                result = _collect(future, task, job, client, distributed, scheduler, finished, len(running))
             if not subscribed and result.status == "done":
                 progress.add_samples(result.stats.samples_in)
             future.release()
             del future, entry
-            while len(running) < limit and submit_next():
-                pass
+            top_up(limit, threads)
             finished += 1
             yield result
         _drain_samples(events, progress)
@@ -447,7 +490,7 @@ def _drain_samples(events: "queue.SimpleQueue[tuple[str, Any]]", progress: Progr
             kind, value = events.get(timeout=max(0.0, deadline - time.monotonic()))
         except queue.Empty:
             return
-        if kind == _SAMPLES:
+        if kind == _EVENT and not isinstance(value, dict):
             progress.add_samples(int(value))
 
 
@@ -459,8 +502,8 @@ def _collect(future: Any, task: Task, job: "ShardJob", client: Any, distributed:
     except distributed.KilledWorker as exc:
         return _record(job, task, TaskResult(
             task.id, "failed", kind=IO,
-            error=f"every worker that ran this task died ({exc.allowed_failures + 1} workers, e.g. killed or out of "
-                  f"memory; distributed.scheduler.allowed-failures={exc.allowed_failures}); last worker "
+            error=f"the workers holding this task died {exc.allowed_failures + 1} times (killed, out of memory or "
+                  f"lost; distributed.scheduler.allowed-failures={exc.allowed_failures}), last "
                   f"{getattr(exc.last_worker, 'address', exc.last_worker)}; a rerun retries it"))
     except (_FuturesCancelledError, distributed.client.FutureCancelledError) as exc:
         if client.status != "running" or getattr(exc, "reason", "") == "scheduler-connection-lost":

@@ -33,20 +33,20 @@ _worker_job: "ShardJob | None" = None
 _worker_queue: "multiprocessing.Queue[int] | None" = None
 
 
-def _init_worker(job_bytes: bytes, counts: "multiprocessing.Queue[int]", threads: int = 0) -> None:
+def _init_worker(job_bytes: bytes, counts: "multiprocessing.Queue[int]", threads: int = 0, driver: int = 0) -> None:
     """Unpickle the job once per worker process (cloudpickle: fn may live in __main__ or a job file).
 
     `threads`: intra-op threads for torch/BLAS in this worker (0: leave the libraries' defaults), so
-    N workers on N cores do not run N x N threads. The worker exits when its parent (the driver, or
-    the fork server the driver started) is gone, e.g. after kill -9, instead of running on as an
-    orphan next to a rerun.
+    N workers on N cores do not run N x N threads. `driver`: the pid of the process running the job;
+    the worker exits when it is gone (kill -9), instead of running on as an orphan next to a rerun.
     """
     global _worker_job, _worker_queue
     signal.signal(signal.SIGINT, _interrupt_task)
     if threads:
         for name in _THREAD_VARIABLES:
             os.environ.setdefault(name, str(threads))
-    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True, name="shardflow-parent-watch").start()
+    threading.Thread(target=_exit_with_driver, args=(driver or os.getppid(), os.getppid()), daemon=True,
+                     name="shardflow-driver-watch").start()
     _worker_job = cloudpickle.loads(job_bytes)
     _worker_queue = counts
     torch = sys.modules.get("torch")
@@ -57,12 +57,31 @@ def _init_worker(job_bytes: bytes, counts: "multiprocessing.Queue[int]", threads
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
-def _exit_with_parent(parent: int) -> None:
-    """Poll the parent's pid; when it has died, end this worker (its task stays unfinished)."""
+def _exit_with_driver(driver: int, parent: int) -> None:
+    """Once a second: when the driver has died (or our parent changed: we were orphaned), end this
+    worker at once; its task stays unfinished and a rerun redoes it.
+
+    The parent is the driver (spawn) or a fork server, which outlives the driver while workers run.
+    """
     while True:
         time.sleep(1.0)
-        if os.getppid() != parent:
+        if os.getppid() != parent or not _alive(driver):
             os._exit(1)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie (a killed driver not yet reaped by its shell)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
 
 
 # Modules worth importing once in the fork server rather than in every worker, when the driver uses them.
@@ -135,7 +154,7 @@ def execute_processes(job: "ShardJob", tasks: list[Task], progress: Progress, *,
     context = _mp_context()
     counts = context.Queue()
     pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
-                               initargs=(cloudpickle.dumps(job), counts, _worker_threads(workers)))
+                               initargs=(cloudpickle.dumps(job), counts, _worker_threads(workers), os.getpid()))
     remaining = iter(tasks)
     running: dict[Future, Task] = {}
     clean = False
