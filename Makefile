@@ -10,13 +10,14 @@ PYTEST_FLAGS ?= -q -p no:cacheprovider --durations=15
 # narrow a run: make test TESTS=tests/test_fixtures.py PYTEST_FLAGS="-q -x"
 TESTS ?=
 
-.PHONY: help setup demo test bench clean-venv
+.PHONY: help setup demo test bench manifests clean-venv
 
 help:
 	@echo "make setup   create/refresh .venv (pinned by constraints.txt)"
 	@echo "make demo    setup, then run 'shardflow demo'"
 	@echo "make test    setup, then run the test suite (real S3/GCS/Dask servers on 127.0.0.1)"
 	@echo "make bench   setup, then run bench/run.py"
+	@echo "make manifests  regenerate k8s/ and argo/ examples from jobs/augment.py"
 
 setup:
 	@bash scripts/setup.sh
@@ -29,6 +30,9 @@ test: setup
 
 bench: setup
 	$(PYTHON) bench/run.py
+
+manifests: setup
+	$(PYTHON) -m shardflow.manifests
 
 clean-venv:
 	rm -rf $(VENV)

@@ -150,6 +150,8 @@ def _render(kind: str, jobfile: str, inputs: str | None, outputs: str | None, ru
         text = manifests.render_options(opts, kind)
     except (ShardflowError, ValueError) as exc:
         raise click.ClickException(so.scrub(str(exc), options)) from None
+    except KeyError as exc:  # a ${VAR} storage option whose variable is not set here
+        raise click.ClickException(str(exc.args[0]) if exc.args else repr(exc)) from None
     per = opts.per_pod(kind)
     where = "nothing written (--no-prepare)" if no_prepare else f"plan written to {opts.run_dir}"
     click.echo(f"shardflow: {opts.tasks} tasks, {opts.indexes(kind)} pods of {per} task(s); {where}", err=True)

@@ -207,6 +207,25 @@ def test_functions_from_test_scope_and_job_files_reach_workers(dask_cluster, das
     texts = [s["txt"] for p in outputs(tmp_path / "b") for s in read_samples(str(p))]
     assert texts[0] == b"SAMPLE 0!!" and len(texts) == 3 * PER_SHARD
 
+    # a module imported from a file by path (importlib), which no worker could import by name
+    import importlib.util
+    import sys
+
+    path = tmp_path / "helpers" / "sf_path_loaded.py"
+    path.parent.mkdir()
+    path.write_text("def process(sample):\n    return {'__key__': sample['__key__'], 'txt': sample['txt'][::-1]}\n")
+    module_spec = importlib.util.spec_from_file_location("sf_path_loaded", path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules["sf_path_loaded"] = module
+    try:
+        module_spec.loader.exec_module(module)
+        job = sf.ShardJob(module.process, spec, str(tmp_path / "c" / "{name}.tar"))
+        report = job.run("dask", address=dask_cluster.address, progress=False)
+    finally:
+        del sys.modules["sf_path_loaded"]
+    assert report.ok, str(report)
+    assert [s["txt"] for s in read_samples(str(outputs(tmp_path / "c")[0]))][0] == b"0 elpmas"
+
 
 def test_missing_package_on_worker_gives_clear_error(dask_cluster, dask_client, tmp_path, monkeypatch):
     spec = make_shards(tmp_path / "in", 3)
