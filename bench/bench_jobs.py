@@ -18,7 +18,10 @@ augmentation (`augment_image` of jobs/augment.py: flip, Gaussian noise from samp
                stats, error policy, per-sample seeding: the whole framework)
 
 Run: python bench/bench_jobs.py [--shards 8] [--per-shard 64] [--repeat 2] [--only a|b]
-Each figure is the best of --repeat runs (best-of damps noise from other processes on the machine).
+The variants of (a), and of (b), run in turn, --repeat rounds; each figure is the best of its runs
+(best-of damps noise from other processes). Besides wall-clock samples/s, the CPU time per sample
+(all processes involved, from getrusage/psutil) is given: on a shared machine it is the steadier
+figure.
 """
 
 from __future__ import annotations
@@ -148,17 +151,20 @@ def run_loop(inputs: list[str], out: Path) -> tuple[float, float, int]:
 
 
 # -- driver ---------------------------------------------------------------------------------------------
-def best(fn, repeat: int, scratch: Path, label: str) -> tuple[float, float, int]:
-    """(best wall seconds, best CPU seconds, samples) over `repeat` runs."""
-    results = []
+def interleaved(variants: dict, repeat: int, scratch: Path) -> dict[str, tuple[float, float, int]]:
+    """{label: (best wall seconds, best CPU seconds, samples)}: the variants run in turn, `repeat`
+    rounds, so that a change in the machine's load hits them alike."""
+    results: dict[str, list] = {label: [] for label in variants}
     for attempt in range(repeat):
-        out = scratch / f"{label}-{attempt}"
-        results.append(fn(out))
-        shutil.rmtree(out, ignore_errors=True)
-        wall, cpu, count = results[-1]
-        print(f"  {label:10} run {attempt + 1}: {count} samples in {wall:.2f} s ({count / wall:.1f} samples/s), "
-              f"{cpu:.2f} CPU s ({cpu / count * 1e3:.1f} ms CPU per sample)", flush=True)
-    return min(r[0] for r in results), min(r[1] for r in results), results[0][2]
+        for label, fn in variants.items():
+            out = scratch / f"{label}-{attempt}"
+            results[label].append(fn(out))
+            shutil.rmtree(out, ignore_errors=True)
+            wall, cpu, count = results[label][-1]
+            print(f"  {label:10} run {attempt + 1}: {count} samples in {wall:.2f} s ({count / wall:.1f} samples/s), "
+                  f"{cpu:.2f} CPU s ({cpu / count * 1e3:.1f} ms CPU per sample), load {os.getloadavg()[0]:.1f}",
+                  flush=True)
+    return {label: (min(r[0] for r in runs), min(r[1] for r in runs), runs[0][2]) for label, runs in results.items()}
 
 
 def main() -> None:
@@ -181,14 +187,20 @@ def main() -> None:
     try:
         if args.only in (None, "a"):
             print(f"(a) {args.workers} workers", flush=True)
-            recipe = best(lambda out: run_recipe(inputs, out, args.workers), args.repeat, scratch, "recipe")
-            ours = best(lambda out: run_shardflow(spec, out, "processes", args.workers), args.repeat, scratch, "shardflow")
+            got = interleaved({"recipe": lambda out: run_recipe(inputs, out, args.workers),
+                               "shardflow": lambda out: run_shardflow(spec, out, "processes", args.workers)},
+                              args.repeat, scratch)
+            recipe, ours = got["recipe"], got["shardflow"]
             rows.append(("(a) wds + dask recipe, 2 workers", recipe, None))
             rows.append(("(a) shardflow processes, 2 workers", ours, recipe))
         if args.only in (None, "b"):
-            print("(b) one process", flush=True)
-            loop = best(lambda out: run_loop(inputs, out), args.repeat, scratch, "loop")
-            serial = best(lambda out: run_shardflow(spec, out, "serial", None), args.repeat, scratch, "serial")
+            print("(b) one process (one torch thread: one worker is one core)", flush=True)
+            import torch
+
+            torch.set_num_threads(1)
+            got = interleaved({"loop": lambda out: run_loop(inputs, out),
+                               "serial": lambda out: run_shardflow(spec, out, "serial", None)}, args.repeat, scratch)
+            loop, serial = got["loop"], got["serial"]
             rows.append(("(b) hand-written loop, 1 process", loop, None))
             rows.append(("(b) shardflow serial, 1 process", serial, loop))
     finally:

@@ -148,7 +148,8 @@ def test_module_travels_by_value_to_a_process_that_cannot_import_it(tmp_path):
     assert done.stdout.decode().split() == ["sent-1", "7"]
 
 
-def test_job_file_runs_on_spawned_worker_processes(tmp_path):
+def test_job_file_runs_on_worker_processes(tmp_path):
+    """Workers start from a fork server or by spawn: neither imported the job file; it arrives pickled."""
     make_shards(tmp_path / "in", 2, 5)
     path = write_job(tmp_path / "jobs", JOB)
     job = load_job(path, inputs=spec(tmp_path / "in", "in", 2), outputs=str(tmp_path / "out" / "{name}.tar"),
