@@ -95,9 +95,9 @@ def warm(paths) -> None:
 # ------------------------------------------------------------------------------------- methods
 
 
-def run_shardflow(urls: list[str], out: str, per_shard: int) -> int:
+def _shardflow(urls: list[str], out: str, per_shard: int, **options) -> int:
     n = 0
-    with ShardWriter(os.path.join(out, "out-%06d.tar"), maxcount=per_shard, maxsize=1e12) as w:
+    with ShardWriter(os.path.join(out, "out-%06d.tar"), maxcount=per_shard, maxsize=1e12, **options) as w:
         for url in urls:
             for sample in read_samples(url):
                 w.write(sample)
@@ -105,14 +105,16 @@ def run_shardflow(urls: list[str], out: str, per_shard: int) -> int:
     return n
 
 
-def run_shardflow_nosha(urls: list[str], out: str, per_shard: int) -> int:
-    n = 0
-    with ShardWriter(os.path.join(out, "out-%06d.tar"), maxcount=per_shard, maxsize=1e12, checksum=None) as w:
-        for url in urls:
-            for sample in read_samples(url):
-                w.write(sample)
-                n += 1
-    return n
+def run_shardflow(urls, out, per_shard):  # the default: sha256 receipts, fsync + rename on commit
+    return _shardflow(urls, out, per_shard)
+
+
+def run_shardflow_nofsync(urls, out, per_shard):  # what cat does: leave the data in the page cache
+    return _shardflow(urls, out, per_shard, fsync=False)
+
+
+def run_shardflow_nofsync_nosha(urls, out, per_shard):  # no receipt checksum either
+    return _shardflow(urls, out, per_shard, fsync=False, checksum=None)
 
 
 def run_webdataset(urls: list[str], out: str, per_shard: int) -> int:
@@ -128,15 +130,27 @@ def run_webdataset(urls: list[str], out: str, per_shard: int) -> int:
     return n
 
 
-def run_cat(urls: list[str], out: str, per_shard: int) -> int:
+def run_cat(urls: list[str], out: str, per_shard: int, fsync: bool = False) -> int:
     for i, url in enumerate(urls):
         with open(os.path.join(out, f"out-{i:06d}.tar"), "wb") as dst:
             subprocess.run(["cat", url], stdout=dst, check=True)
+            if fsync:
+                os.fsync(dst.fileno())
     return len(urls) * per_shard
 
 
-METHODS = {"shardflow": run_shardflow, "shardflow-nosha": run_shardflow_nosha, "webdataset": run_webdataset,
-           "cat": run_cat}
+def run_cat_fsync(urls, out, per_shard):  # cat with the durability shardflow gives by default
+    return run_cat(urls, out, per_shard, fsync=True)
+
+
+METHODS = {
+    "shardflow": run_shardflow,
+    "shardflow fsync=False": run_shardflow_nofsync,
+    "shardflow fsync=False checksum=None": run_shardflow_nofsync_nosha,
+    "webdataset": run_webdataset,
+    "cat": run_cat,
+    "cat + fsync": run_cat_fsync,
+}
 
 
 def cpu_seconds() -> float:
@@ -284,7 +298,7 @@ def main() -> None:
     ap.add_argument("--mem-gb", type=float, default=1.0)
     ap.add_argument("--mem-sample-mb", type=float, default=10.0)
     ap.add_argument("--no-memory", action="store_true")
-    ap.add_argument("--methods", default="shardflow,shardflow-nosha,webdataset,cat")
+    ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated, from: " + ", ".join(METHODS))
     ap.add_argument("--datasets", default="large,small")
     ap.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
     ap.add_argument("--tmp", default=None, help="where to put the data (deleted at the end)")

@@ -150,6 +150,51 @@ def _empty(shape: tuple[int, ...], dtype: torch.dtype, shared: bool) -> torch.Te
     return proto.new(storage).view(shape)
 
 
+class _Ring:
+    """Image batch buffers in shared memory that a worker reuses once the Loader has copied them out.
+
+    Sending a tensor from a DataLoader worker normally costs a fresh shared-memory segment per batch
+    (create, zero-fill on first touch, unmap): about as much as decoding the JPEGs at 256x256. Under a
+    Loader, a worker writes image batches into one of `slots` buffers allocated once; the Loader copies
+    each batch out as it arrives and marks its slot free in `free` (a shared array, one flag per slot).
+    A worker that finds no free slot (the consumer is slow) allocates a fresh buffer instead, so it
+    never waits and nothing is ever overwritten while in use.
+    """
+
+    def __init__(self, free: Any, slots: int, worker: int, batch_size: int) -> None:
+        self.free = free
+        self.slots = slots
+        self.base = worker * slots
+        self.batch_size = batch_size
+        self.key: tuple | None = None
+        self.buffers: torch.Tensor | None = None
+        self.next = 0
+        self.used: list[int] = []
+
+    def take(self, n: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
+        """A buffer for `n` images of `shape`, or None (use a fresh one)."""
+        if n > self.batch_size:
+            return None
+        if self.buffers is None:
+            self.key = (shape, dtype)
+            self.buffers = _empty((self.slots, self.batch_size, *shape), dtype, True)
+        elif self.key != (shape, dtype):
+            return None  # one ring per worker, for the main image field
+        with self.free.get_lock():
+            for i in range(self.slots):
+                slot = (self.next + i) % self.slots
+                if self.free[self.base + slot]:
+                    self.free[self.base + slot] = 0
+                    self.next = slot + 1
+                    self.used.append(slot)
+                    return self.buffers[slot, :n]
+        return None
+
+    def pop_used(self) -> tuple[int, ...]:
+        used, self.used = tuple(self.used), []
+        return used
+
+
 def _pack_jpegs(values: list[_RawJpeg], single: bool) -> PackedJpegs:
     sizes = [len(v.data) for v in values]
     offsets = np.zeros(len(values) + 1, dtype=np.int64)
@@ -158,26 +203,33 @@ def _pack_jpegs(values: list[_RawJpeg], single: bool) -> PackedJpegs:
     return PackedJpegs(data, torch.from_numpy(offsets), single)
 
 
-def _collate_column(values: list[Any], shared: bool, channels_last: bool = False) -> Any:
+def _image_batch(n: int, shape: tuple[int, ...], dtype: torch.dtype, shared: bool, ring: _Ring | None) -> torch.Tensor:
+    out = ring.take(n, shape, dtype) if ring is not None else None
+    return out if out is not None else _empty((n, *shape), dtype, shared)
+
+
+def _collate_column(values: list[Any], shared: bool, channels_last: bool = False, ring: _Ring | None = None) -> Any:
     first = values[0]
     if isinstance(first, _HWC):
         if all(isinstance(v, _HWC) for v in values):
             shape, dtype = first.a.shape, first.a.dtype
             if all(v.a.shape == shape and v.a.dtype == dtype for v in values):
+                tdtype = torch.from_numpy(first.a[:0]).dtype
+                n = len(values)
                 if first.a.ndim == 3 and channels_last:  # plain copies, no transposition
-                    out = _empty((len(values), *shape), torch.from_numpy(first.a[:0]).dtype, shared)
+                    out = _image_batch(n, shape, tdtype, shared, ring)
                     o = out.numpy()
                     for i, v in enumerate(values):
                         o[i] = v.a
                     return out.permute(0, 3, 1, 2)
                 if first.a.ndim == 3:
                     h, w, c = shape
-                    out = _empty((len(values), c, h, w), torch.from_numpy(first.a[:0]).dtype, shared)
+                    out = _image_batch(n, (c, h, w), tdtype, shared, ring)
                     o = out.numpy()
                     for i, v in enumerate(values):
                         o[i] = v.a.transpose(2, 0, 1)
                 else:
-                    out = _empty((len(values), *shape), torch.from_numpy(first.a[:0]).dtype, shared)
+                    out = _image_batch(n, shape, tdtype, shared, ring)
                     o = out.numpy()
                     for i, v in enumerate(values):
                         o[i] = v.a
@@ -205,7 +257,7 @@ def _collate_column(values: list[Any], shared: bool, channels_last: bool = False
     return list(values)
 
 
-def collate(samples: list[Any], shared: bool = False, channels_last: bool = False) -> Any:
+def collate(samples: list[Any], shared: bool = False, channels_last: bool = False, ring: _Ring | None = None) -> Any:
     """A batch from samples: dicts -> dict of columns, tuples -> tuple of columns.
 
     Tensors (and numpy arrays) of one shape and dtype are stacked, numbers become a tensor, anything
@@ -218,10 +270,10 @@ def collate(samples: list[Any], shared: bool = False, channels_last: bool = Fals
             if len(s) != len(keys) or any(k not in s for k in keys):
                 keys = list(dict.fromkeys(k for s2 in samples for k in s2))
                 break
-        return {k: _collate_column([s.get(k) for s in samples], shared, channels_last) for k in keys}
+        return {k: _collate_column([s.get(k) for s in samples], shared, channels_last, ring) for k in keys}
     if isinstance(first, tuple):
-        return tuple(_collate_column(list(col), shared, channels_last) for col in zip(*samples))
-    return _collate_column(samples, shared, channels_last)
+        return tuple(_collate_column(list(col), shared, channels_last, ring) for col in zip(*samples))
+    return _collate_column(samples, shared, channels_last, ring)
 
 
 def _finish_values(value: Any, fn: Callable[[Any], Any]) -> Any:
@@ -495,6 +547,7 @@ class ShardDataset(IterableDataset):
         self._resume: dict[str, Any] | None = None
         self._progress: dict[str, Any] | None = None
         self._tagged = False  # yield (item, tag): set on the copy a Loader iterates
+        self._ring_flags: Any = None  # (shared flags, slots per worker): set on a Loader's copy
         self._num_workers_hint: int | None = None
 
     # -- layout ----------------------------------------------------------------------------------
@@ -639,7 +692,7 @@ class ShardDataset(IterableDataset):
                     yield item, tag
                     continue
                 if not in_worker:
-                    self._progress["workers"][worker] = tag[1:]  # type: ignore[index]
+                    self._progress["workers"][worker] = tag[1:4]  # type: ignore[index]
                 if isinstance(item, _EndOfWorker):
                     continue
                 yield self.finish(item) if finish_here else item
@@ -650,8 +703,9 @@ class ShardDataset(IterableDataset):
 
     def _consumer_items(
         self, worker: int, workers: int, epoch: int, start: tuple[int, int, int], gpu_defer: bool
-    ) -> Iterator[tuple[Any, tuple[int, int, int, int]]]:
-        """(sample or batch, (worker, raw position, delivered, errors)) of one consumer's epoch."""
+    ) -> Iterator[tuple[Any, tuple[Any, ...]]]:
+        """(sample or batch, tag) of one consumer's epoch; tag = (worker, raw position, delivered,
+        errors, ring slots the item uses)."""
         actual, plan = self._consumers(worker, workers)
         skip, delivered, errors0 = start
         errors = _ErrorCount(self.on_error, errors0)
@@ -665,6 +719,11 @@ class ShardDataset(IterableDataset):
                 _warn_once(_split_message(self, plan.workers))
         batch_size = self.batch_size
         shared = get_worker_info() is not None
+        ring = None
+        if shared and self._ring_flags is not None and batch_size is not None and self.collate_fn is None:
+            flags, slots = self._ring_flags
+            ring = _Ring(flags, slots, worker, batch_size)
+        none: tuple[int, ...] = ()
         raw_pos = 0
         batch: list[Any] = []
         tag_worker = worker
@@ -689,14 +748,14 @@ class ShardDataset(IterableDataset):
                     delivered_in_pass += 1
                     if batch_size is None:
                         delivered += 1
-                        yield _finish_unbatched(sample, gpu_defer), (tag_worker, raw_pos, delivered, errors.count)
+                        yield _finish_unbatched(sample, gpu_defer), (tag_worker, raw_pos, delivered, errors.count, none)
                     else:
                         batch.append(sample)
                         if len(batch) == batch_size:
                             delivered += len(batch)
-                            out = self._collate(batch, shared)
+                            out = self._collate(batch, shared, ring)
                             batch = []
-                            yield out, (tag_worker, raw_pos, delivered, errors.count)
+                            yield out, (tag_worker, raw_pos, delivered, errors.count, ring.pop_used() if ring else none)
                     if quota is not None and delivered + len(batch) >= quota:
                         break
             finally:
@@ -710,15 +769,15 @@ class ShardDataset(IterableDataset):
                 break
         if batch and (self.partial or (quota is not None and delivered + len(batch) >= quota)):
             delivered += len(batch)
-            out = self._collate(batch, shared)
-            yield out, (tag_worker, raw_pos, delivered, errors.count)
+            out = self._collate(batch, shared, ring)
+            yield out, (tag_worker, raw_pos, delivered, errors.count, ring.pop_used() if ring else none)
         # the final tally (problems found after the last batch), not an item for the user
-        yield _EndOfWorker(), (tag_worker, raw_pos, delivered, errors.count)
+        yield _EndOfWorker(), (tag_worker, raw_pos, delivered, errors.count, none)
 
-    def _collate(self, batch: list[Any], shared: bool) -> Any:
+    def _collate(self, batch: list[Any], shared: bool, ring: _Ring | None = None) -> Any:
         if self.collate_fn is not None:
             return self.collate_fn(batch)
-        return collate(batch, shared, self.channels_last)
+        return collate(batch, shared, self.channels_last, ring)
 
     def _source(
         self, assignment: Assignment | None, actual: Consumer, epoch: int, errors: _ErrorCount
@@ -1066,15 +1125,31 @@ class Loader:
         kwargs = dict(self.kwargs)
         if self.num_workers > 0 and self.prefetch_factor is not None:
             kwargs["prefetch_factor"] = self.prefetch_factor
+        if kwargs.get("in_order") is False:
+            raise ValueError("Loader keeps batches in order (in_order=True): its state depends on it")
+        if self.num_workers > 0 and ds.batch_size is not None and ds.collate_fn is None:
+            ctx = kwargs.get("multiprocessing_context") or torch.multiprocessing.get_context()
+            if isinstance(ctx, str):
+                ctx = torch.multiprocessing.get_context(ctx)
+            slots = (self.prefetch_factor or 2) + 2
+            flags = ctx.Array("b", [1] * (self.num_workers * slots))
+            ds._ring_flags = (flags, slots)
         kwargs.setdefault("collate_fn", _as_is)  # keep tuples and numpy arrays as the dataset made them
         loader = DataLoader(ds, batch_size=None, num_workers=self.num_workers, pin_memory=self.pin_memory, **kwargs)
         positions = self._positions
+        keep: dict[int, Any] = {}  # one received ring storage per worker: its mapping stays cached
         it = iter(loader)
         try:
             for item, tag in it:
                 positions[tag[0]] = (tag[1], tag[2], tag[3])
                 if isinstance(item, _EndOfWorker):
                     continue
+                if tag[4]:  # copy the worker's reusable buffers out, then hand them back
+                    item = _copy_out(item, keep, tag[0])
+                    flags, slots = ds._ring_flags
+                    with flags.get_lock():
+                        for slot in tag[4]:
+                            flags[tag[0] * slots + slot] = 1
                 if ds.gpu_decode:
                     item = ds.finish(item)
                 yield item
@@ -1088,6 +1163,26 @@ class Loader:
 
 def _as_is(item: Any) -> Any:
     return item
+
+
+def _copy_out(item: Any, keep: dict[int, Any], worker: int) -> Any:
+    """The item with every tensor that lives in a worker's ring buffer replaced by a copy."""
+
+    def copy(t: Any) -> Any:
+        if isinstance(t, torch.Tensor) and t.is_shared():
+            storage = t.untyped_storage()
+            if storage.nbytes() > t.numel() * t.element_size():  # a view into the ring
+                keep[worker] = storage
+                return t.clone()
+        return t
+
+    if isinstance(item, dict):
+        return {k: copy(v) for k, v in item.items()}
+    if isinstance(item, tuple):
+        return tuple(copy(v) for v in item)
+    if isinstance(item, list):
+        return [copy(v) for v in item]
+    return copy(item)
 
 
 def _split_message(ds: ShardDataset, workers: int) -> str:

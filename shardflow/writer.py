@@ -65,12 +65,28 @@ def remove_stale_temps(url: str, storage_options: dict[str, Any] | None = None, 
     return len(stale)
 
 
+def _fsync_dir(path: str) -> None:
+    """Make a rename in `path` durable (best effort: not every filesystem allows it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 class AtomicOutput:
     """A binary stream that lands under `url` only on commit(); abort() leaves nothing there."""
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None = None, *, tag: str = "") -> None:
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None, *, tag: str = "",
+                 fsync: bool = True) -> None:
         self.url = url
         self._options = storage_options
+        self._fsync = fsync  # local files: fsync the data (and the directory entry) on commit
         self._fs, self._path = urls.filesystem(url, storage_options)
         self._temp: str | None = None
         self._state = "open"  # -> "committed" | "aborted"
@@ -101,9 +117,13 @@ class AtomicOutput:
         try:
             if urls.is_local(self.url):
                 self._file.flush()
-                os.fsync(self._file.fileno())
+                if self._fsync:
+                    os.fsync(self._file.fileno())
                 self._file.close()
-                os.replace(self._temp, urls.local_path(self.url))
+                final = urls.local_path(self.url)
+                os.replace(self._temp, final)
+                if self._fsync:
+                    _fsync_dir(os.path.dirname(os.path.abspath(final)))
             else:
                 self._file.close()  # completes the multipart / resumable upload
                 if self._temp is not None:
@@ -288,6 +308,7 @@ class TarWriter:
         temp_tag: str = "",
         allow_pipe: bool | None = None,
         threaded: bool = True,
+        fsync: bool = True,
     ) -> None:
         self.url = target if isinstance(target, str) else str(getattr(target, "name", "<stream>"))
         self._atomic: AtomicOutput | None = None
@@ -296,7 +317,7 @@ class TarWriter:
             self._owned = urls.open_write(target, storage_options, allow_pipe=allow_pipe)
             out: Any = self._owned
         elif isinstance(target, str):
-            out = self._atomic = AtomicOutput(target, storage_options, tag=temp_tag)
+            out = self._atomic = AtomicOutput(target, storage_options, tag=temp_tag, fsync=fsync)
         else:
             out = target
         self._sink = _HashingSink(out, checksum, threaded=threaded)
@@ -400,6 +421,8 @@ class ShardWriter:
 
     A new shard starts when the current one holds `maxcount` samples or when the next sample would
     push it past `maxsize` bytes of tar (so no shard exceeds maxsize unless one sample alone does).
+    `fsync=False` skips the fsync of local shards on commit (still atomic, no longer durable across
+    a power cut): for scratch output, or output that is copied elsewhere afterwards.
     """
 
     def __init__(
@@ -415,6 +438,8 @@ class ShardWriter:
         checksum: str | None = "sha256",
         on_commit: Callable[[ShardInfo], None] | None = None,
         temp_tag: str = "",
+        fsync: bool = True,
+        threaded: bool = True,
     ) -> None:
         if maxcount < 1 or maxsize < 3 * BLOCK:
             raise ValueError("maxcount must be >= 1 and maxsize >= 1536 bytes")
@@ -429,6 +454,8 @@ class ShardWriter:
         self._checksum = checksum
         self._on_commit = on_commit
         self._temp_tag = temp_tag
+        self._fsync = fsync
+        self._threaded = threaded
         self._current: TarWriter | None = None
 
     def write(self, sample: Sample) -> None:
@@ -445,7 +472,7 @@ class ShardWriter:
             self.index += 1
             current = self._current = TarWriter(
                 url, storage_options=self._options, mtime=self._mtime, checksum=self._checksum,
-                temp_tag=self._temp_tag,
+                temp_tag=self._temp_tag, fsync=self._fsync, threaded=self._threaded,
             )
         current.write_members(members)
 

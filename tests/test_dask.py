@@ -206,6 +206,9 @@ def test_functions_from_test_scope_and_job_files_reach_workers(dask_cluster, das
     assert report.ok, str(report)
     texts = [s["txt"] for p in outputs(tmp_path / "b") for s in read_samples(str(p))]
     assert texts[0] == b"SAMPLE 0!!" and len(texts) == 3 * PER_SHARD
+    import cloudpickle
+
+    assert job.fn.__module__ in cloudpickle.list_registry_pickle_by_value()  # still there for the next run
 
     # a module imported from a file by path (importlib), which no worker could import by name
     import importlib.util

@@ -247,6 +247,21 @@ def test_exception_mid_shard_keeps_committed_shards_and_leaves_no_partial(tmp_pa
     assert [s["__key__"] for s in read_back(str(tmp_path / "a-001.tar"))][-1] == "s/000019"
 
 
+@pytest.mark.parametrize("fsync,threaded", [(False, True), (True, False), (False, False)])
+def test_fsync_and_threads_can_be_turned_off(tmp_path, fsync, threaded):
+    samples = make_samples(12, size=lambda i: 50_000)
+    with ShardWriter(str(tmp_path / "f-%d.tar"), maxcount=5, fsync=fsync, threaded=threaded) as w:
+        for s in samples:
+            w.write(s)
+    assert all_files(tmp_path) == ["f-0.tar", "f-1.tar", "f-2.tar"]
+    assert [s for i in w.shards for s in read_back(i.url)] == samples
+    with pytest.raises(Boom):
+        with TarWriter(str(tmp_path / "g.tar"), fsync=fsync, threaded=threaded) as t:
+            t.write(samples[0])
+            raise Boom
+    assert all_files(tmp_path) == ["f-0.tar", "f-1.tar", "f-2.tar"]
+
+
 def test_remove_stale_temps(tmp_path):
     url = str(tmp_path / "x-000.tar")
     w = TarWriter(url)  # a writer that "crashed": never closed nor aborted

@@ -84,14 +84,10 @@ def _by_value_modules(fn: Any) -> list[types.ModuleType]:
 
 def dumps_job(job: "ShardJob") -> bytes:
     """The job as bytes for the workers (cloudpickle; see _by_value_modules for what goes by value)."""
-    modules = _by_value_modules(job.fn)
-    registered = []
-    for module in modules:
-        try:
-            cloudpickle.register_pickle_by_value(module)
-            registered.append(module)
-        except ValueError:  # already registered (a job file): nothing to do
-            pass
+    already = cloudpickle.list_registry_pickle_by_value()  # e.g. job files: leave them registered
+    registered = [m for m in _by_value_modules(job.fn) if m.__name__ not in already]
+    for module in registered:
+        cloudpickle.register_pickle_by_value(module)
     try:
         return cloudpickle.dumps(job)
     finally:
@@ -390,13 +386,16 @@ def execute_dask(job: "ShardJob", tasks: list[Task], progress: Progress, *, addr
     """
     if not tasks:
         return  # nothing pending: no cluster to start
+    if workers is not None and (address is not None or client is not None):
+        print(f"shardflow: workers={workers} ignored: it sizes a LocalCluster, and this run uses the cluster at "
+              f"{address or 'the given client'}", file=sys.stderr)
     own_client = client is None
     client, cluster, scheduler = _connect(address, client, workers, threads_per_worker, dashboard_address,
                                           connect_timeout)
     distributed = _import_distributed()
     run_id = uuid.uuid4().hex[:8]
     prefix = f"shardflow-{_safe_name(job.name)}"
-    topic = f"{prefix}-progress-{run_id}"
+    topic = f"{prefix}-events-{run_id}"  # sample counts and results, from the workers
     events: "queue.SimpleQueue[tuple[str, Any]]" = queue.SimpleQueue()
     running: dict[Any, tuple[Any, Task]] = {}
     sent: dict[Any, dict[str, Any]] = {}  # results that arrived as events, by task key
