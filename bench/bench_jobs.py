@@ -173,11 +173,12 @@ def interleaved(variants: dict, repeat: int, scratch: Path) -> dict[str, tuple[f
         for label, fn in variants.items():
             out = scratch / f"{label}-{attempt}"
             results[label].append(fn(out))
+            written = sum(p.stat().st_size for p in out.glob("*.tar"))
             shutil.rmtree(out, ignore_errors=True)
             wall, cpu, count = results[label][-1]
             print(f"  {label:10} run {attempt + 1}: {count} samples in {wall:.2f} s ({count / wall:.1f} samples/s), "
-                  f"{cpu:.2f} CPU s ({cpu / count * 1e3:.1f} ms CPU per sample), load {os.getloadavg()[0]:.1f}",
-                  flush=True)
+                  f"{cpu:.2f} CPU s ({cpu / count * 1e3:.1f} ms CPU per sample), {written / 1e6:.0f} MB written, "
+                  f"load {os.getloadavg()[0]:.1f}", flush=True)
     return {label: (min(r[0] for r in runs), min(r[1] for r in runs), runs[0][2], runs) for label, runs in results.items()}
 
 

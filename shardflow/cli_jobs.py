@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import signal
-import sys
 from contextlib import contextmanager
 from typing import Any, Iterator
 

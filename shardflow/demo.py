@@ -112,8 +112,8 @@ def run_demo(directory: str | os.PathLike[str] = "shardflow-demo", samples: int 
     job = load_job("augment", inputs=in_spec, outputs=out_spec)
     job.prepare(force=True)
     job.rundir().reset()  # the demo always starts over: the inputs were just rewritten
-    echo(f"running: shardflow run augment --inputs '{in_spec}' --outputs '{out_spec}' "
-         f"--workers {workers or 'auto'}")
+    echo(f"running: shardflow run augment --inputs '{in_spec}' --outputs '{out_spec}'"
+         + (f" --workers {workers}" if workers else ""))
     report = job.run("processes", workers=workers)
     echo(str(report))
     shown = 0

@@ -416,6 +416,79 @@ def format_shard_name(pattern: str | Callable[[int], str], index: int) -> str:
     return pattern % index
 
 
+class _Committer:
+    """Closes finished TarWriters in one background thread, in order, at most one at a time."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._todo: deque[TarWriter | None] = deque()
+        self._done: list[ShardInfo] = []
+        self._error: BaseException | None = None
+        self._busy = 0  # submitted and not finished
+        self._thread: threading.Thread | None = None
+
+    def submit(self, writer: TarWriter) -> None:
+        cond = self._cond
+        with cond:
+            while self._busy and self._error is None:  # the previous shard is still committing
+                cond.wait()
+            if self._error is not None:
+                writer.abort()
+                self.raise_error()
+            self._busy += 1
+            self._todo.append(writer)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="shardflow-commit", daemon=True)
+                self._thread.start()
+            cond.notify_all()
+
+    def _run(self) -> None:
+        cond = self._cond
+        while True:
+            with cond:
+                while not self._todo:
+                    cond.wait()
+                writer = self._todo.popleft()
+            if writer is None:
+                return
+            try:
+                info = writer.close()
+                with cond:
+                    self._done.append(info)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+                with cond:
+                    if self._error is None:
+                        self._error = exc
+            finally:
+                with cond:
+                    self._busy -= 1
+                    cond.notify_all()
+
+    def take_done(self) -> list[ShardInfo]:
+        with self._cond:
+            done, self._done = self._done, []
+        return done
+
+    def raise_error(self) -> None:
+        with self._cond:
+            error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def wait(self) -> None:
+        with self._cond:
+            while self._busy:
+                self._cond.wait()
+
+    def stop(self) -> None:
+        thread = self._thread
+        if thread is not None:
+            self._thread = None
+            with self._cond:
+                self._todo.append(None)
+                self._cond.notify_all()
+
+
 class ShardWriter:
     """Write a stream of samples into numbered shards with rollover.
 
@@ -440,6 +513,7 @@ class ShardWriter:
         temp_tag: str = "",
         fsync: bool = True,
         threaded: bool = True,
+        background_commit: bool = True,
     ) -> None:
         if maxcount < 1 or maxsize < 3 * BLOCK:
             raise ValueError("maxcount must be >= 1 and maxsize >= 1536 bytes")
@@ -457,8 +531,14 @@ class ShardWriter:
         self._fsync = fsync
         self._threaded = threaded
         self._current: TarWriter | None = None
+        # Finished shards are committed by one background thread while the next one is written
+        # (hides fsync and the final upload of object stores); receipts and on_commit calls are
+        # delivered in order, in the caller's thread, at the next write() or at close().
+        self._committer = _Committer() if background_commit else None
 
     def write(self, sample: Sample) -> None:
+        if self._committer is not None and (self._committer._done or self._committer._error):
+            self._deliver()
         members = sample_members(self._encoder(sample) if self._encoder else sample)
         size = sample_tar_size(members)
         current = self._current
@@ -477,23 +557,51 @@ class ShardWriter:
         current.write_members(members)
 
     def _finish_current(self) -> None:
-        if self._current is not None:
-            info = self._current.close()
-            self._current = None
-            self.shards.append(info)
-            if self._on_commit is not None:
-                self._on_commit(info)
+        current, self._current = self._current, None
+        if current is None:
+            return
+        if self._committer is not None:
+            self._committer.submit(current)  # closed (drained, fsynced, renamed) in the background
+        else:
+            self._record(current.close())
+        self._deliver()
+
+    def _record(self, info: ShardInfo) -> None:
+        self.shards.append(info)
+        if self._on_commit is not None:
+            self._on_commit(info)
+
+    def _deliver(self) -> None:
+        """Receipts of shards the background committer finished, in order (and its error)."""
+        if self._committer is not None:
+            for info in self._committer.take_done():
+                self._record(info)
+            self._committer.raise_error()
 
     def close(self) -> list[ShardInfo]:
         """Commit the shard in progress; returns receipts of every shard written."""
         self._finish_current()
+        if self._committer is not None:
+            self._committer.wait()
+            self._committer.stop()
+            self._deliver()
         return self.shards
 
     def abort(self) -> None:
-        """Throw away the shard in progress (already committed shards stay)."""
+        """Throw away the shard in progress (already finished shards are still committed)."""
         if self._current is not None:
             self._current.abort()
             self._current = None
+        if self._committer is not None:
+            self._committer.wait()
+            self._committer.stop()
+            for info in self._committer.take_done():
+                self._record(info)
+
+    def __del__(self) -> None:
+        committer = getattr(self, "_committer", None)
+        if committer is not None:
+            committer.stop()
 
     def __enter__(self) -> "ShardWriter":
         return self
