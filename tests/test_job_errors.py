@@ -213,3 +213,24 @@ def test_io_errors_that_outlive_the_retries_fail_the_task(tmp_path, flaky):
     assert "injected network failure" in report.failed[0]["error"]
     assert json.loads(Path(FlakyFileSystem.counter).read_text())["left"] == 97  # exactly 3 attempts
     assert not tars(tmp_path / "out")
+
+
+def test_a_script_without_a_main_guard_is_told_why_its_workers_died(tmp_path):
+    """Worker processes import the main script (spawn and forkserver do): unguarded, it would run the
+    job again inside each worker. The failure says so, instead of a bare 'worker died'."""
+    import subprocess
+    import sys
+
+    from test_job_support import cli_env
+
+    make_shards(tmp_path / "in", 2, 2)
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import shardflow as sf\n"
+        f"job = sf.ShardJob(lambda s: s, {str(tmp_path / 'in' / 'in-{000000..000001}.tar')!r}, "
+        f"{str(tmp_path / 'out' / '{name}.tar')!r})\n"
+        "print(job.run('processes', workers=2))\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=cli_env())
+    assert "FAILED task 0 [io]: worker process died" in done.stdout, done.stdout + done.stderr
+    assert f"worker processes import the main script ({script})" in done.stdout
+    assert 'if __name__ == "__main__":' in done.stdout
