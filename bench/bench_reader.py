@@ -27,6 +27,7 @@ import io
 import json
 import multiprocessing as mp
 import os
+import resource
 import statistics
 import sys
 import time
@@ -96,18 +97,18 @@ def all_jpegs(urls: list[str]) -> list[bytes]:
 
 
 def run_shardflow(urls, args, gpu=False, channels_last=False):
-    t0 = time.perf_counter()
+    cpu0, t0 = _cpu(), time.perf_counter()
     ds = sf.ShardDataset(urls, decode="torchrgb8-gpu" if gpu else "torchrgb8", batch_size=args.batch,
                          shuffle=args.shuffle, seed=0, to_tuple="jpg cls", on_error="raise",
                          channels_last=channels_last)
     loader = sf.Loader(ds, num_workers=args.workers, pin_memory=gpu)
-    return consume(loader, t0, gpu)
+    return consume(loader, t0, gpu, cpu0)
 
 
 def run_webdataset(urls, args):
     import webdataset as wds
 
-    t0 = time.perf_counter()
+    cpu0, t0 = _cpu(), time.perf_counter()
     ds = (
         wds.WebDataset(urls, shardshuffle=len(urls), empty_check=False)
         .shuffle(args.shuffle)
@@ -116,10 +117,16 @@ def run_webdataset(urls, args):
         .batched(args.batch)
     )
     loader = wds.WebLoader(ds, batch_size=None, num_workers=args.workers)
-    return consume(loader, t0, False)
+    return consume(loader, t0, False, cpu0)
 
 
-def consume(loader, t0, gpu):
+def _cpu() -> float:
+    """CPU seconds of this process and of its reaped children (the DataLoader workers)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def consume(loader, t0, gpu, cpu0):
     first = None
     n = 0
     for images, labels in loader:
@@ -132,22 +139,25 @@ def consume(loader, t0, gpu):
     if gpu:
         torch.cuda.synchronize()
     total = time.perf_counter() - t0
-    return {"samples": n, "seconds": total, "samples_per_s": n / total, "first_batch_s": first}
+    del loader
+    cpu = _cpu() - cpu0
+    return {"samples": n, "seconds": total, "samples_per_s": n / total, "first_batch_s": first,
+            "cpu_s": cpu, "cpu_us_per_sample": 1e6 * cpu / n}
 
 
 _JPEGS: list[bytes] = []
 
 
-def _decode_part(job: tuple[str, int, int]) -> float:
+def _decode_part(job: tuple[str, int, int]) -> tuple[float, float]:
     torch.set_num_threads(1)
     spec, lo, hi = job
     decode = Decoder(spec)
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     for data in _JPEGS[lo:hi]:
         img = decode({"jpg": data})["jpg"]
         if spec == "rgb8":
             torch.from_numpy(img)
-    return time.perf_counter() - t
+    return time.perf_counter() - t, time.process_time() - c
 
 
 def run_limit(jpegs, workers, spec="torchrgb8"):
@@ -162,8 +172,10 @@ def run_limit(jpegs, workers, spec="torchrgb8"):
     parts = [(spec, w * n // workers, (w + 1) * n // workers) for w in range(workers)]
     with mp.get_context("fork").Pool(workers) as pool:
         pool.map(_decode_part, [(spec, 0, min(64, n))] * workers)  # warm up (imports, simplejpeg)
-        times = pool.map(_decode_part, parts)
-    return {"samples": n, "seconds": max(times), "samples_per_s": n / max(times)}
+        results = pool.map(_decode_part, parts)
+    wall = max(r[0] for r in results)
+    cpu = sum(r[1] for r in results)
+    return {"samples": n, "seconds": wall, "samples_per_s": n / wall, "cpu_s": cpu, "cpu_us_per_sample": 1e6 * cpu / n}
 
 
 # ------------------------------------------------------------------------------------- main
@@ -212,30 +224,44 @@ def main() -> None:
 
     best = {name: max(rs, key=lambda r: r["samples_per_s"]) for name, rs in runs.items()}
     first = {name: min(r["first_batch_s"] for r in rs) for name, rs in runs.items() if "first_batch_s" in rs[0]}
+    cpu = {name: min(r["cpu_us_per_sample"] for r in rs) for name, rs in runs.items()}
     wds_rate, limit = best["webdataset"]["samples_per_s"], best["limit"]["samples_per_s"]
     print()
-    print(f"{'reader':15s} {'samples/s':>10s} {'vs wds':>7s} {'% limit':>8s} {'1st batch':>10s}   (runs: samples/s)")
+    print(f"{'reader':14s} {'samples/s':>9s} {'vs wds':>7s} {'% limit':>8s} {'CPU us/img':>10s} {'1st batch':>9s}"
+          "   (samples/s of each run)")
     for name in runs:
-        r = best[name]
-        rate = r["samples_per_s"]
-        fb = f"{first[name] * 1000:8.0f}ms" if name in first else " " * 10
+        rate = best[name]["samples_per_s"]
+        fb = f"{first[name] * 1000:7.0f}ms" if name in first else " " * 9
         all_runs = ", ".join(f"{x['samples_per_s']:.0f}" for x in runs[name])
-        print(f"{name:15s} {rate:10.0f} {rate / wds_rate:6.2f}x {100 * rate / limit:7.1f}% {fb}   ({all_runs})")
+        print(f"{name:14s} {rate:9.0f} {rate / wds_rate:6.2f}x {100 * rate / limit:7.1f}% {cpu[name]:10.0f} {fb}"
+              f"   ({all_runs})")
+
+    def per_round(a: str, b: str) -> float:  # median over rounds of a/b measured side by side
+        return statistics.median(x["samples_per_s"] / y["samples_per_s"] for x, y in zip(runs[a], runs[b]))
+
     summary = {
         "config": {k: getattr(args, k) for k in ("n", "per_shard", "batch", "workers", "shuffle", "repeat")},
         "jpeg_kb": round(mean_kb, 1), "cpus": os.cpu_count(), "torch": torch.__version__,
-        "best": best, "first_batch_s": first, "runs": runs,
+        "best": best, "first_batch_s": first, "cpu_us_per_sample": cpu, "runs": runs,
         "ratio_vs_webdataset": best["shardflow"]["samples_per_s"] / wds_rate,
         "fraction_of_limit": best["shardflow"]["samples_per_s"] / limit,
+        "fraction_of_limit_cpu": cpu["limit"] / cpu["shardflow"],
         "channels_last_fraction_of_hwc_limit":
             best["shardflow-cl"]["samples_per_s"] / best["limit-hwc"]["samples_per_s"],
-        "median_samples_per_s": {k: statistics.median(x["samples_per_s"] for x in v) for k, v in runs.items()},
+        "per_round_median": {
+            "shardflow/webdataset": per_round("shardflow", "webdataset"),
+            "shardflow/limit": per_round("shardflow", "limit"),
+            "shardflow-cl/limit-hwc": per_round("shardflow-cl", "limit-hwc"),
+        },
     }
+    pr = summary["per_round_median"]
     print(f"\nshardflow: {summary['ratio_vs_webdataset']:.2f}x webdataset, "
-          f"{100 * summary['fraction_of_limit']:.1f}% of the decode limit, first batch "
+          f"{100 * summary['fraction_of_limit']:.1f}% of the decode limit "
+          f"({100 * summary['fraction_of_limit_cpu']:.1f}% by CPU time per image), first batch "
           f"{first['shardflow'] * 1000:.0f} ms vs {first['webdataset'] * 1000:.0f} ms")
-    print(f"shardflow channels_last: {100 * summary['channels_last_fraction_of_hwc_limit']:.1f}% of the HWC decode "
-          "limit (JPEG -> HWC uint8, no transposition)")
+    print(f"per-round medians: {pr['shardflow/webdataset']:.2f}x webdataset, "
+          f"{100 * pr['shardflow/limit']:.1f}% of the limit; channels_last "
+          f"{100 * pr['shardflow-cl/limit-hwc']:.1f}% of the HWC decode limit")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)

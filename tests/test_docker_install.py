@@ -83,7 +83,7 @@ def test_dockerfile_shape():
     assert any("docker/install.sh" in r and "EXTRAS=" in r and "TORCH=" in r for r in runs)
     user = [args for op, args in ops if op == "USER"][-1]
     assert user.split(":")[0].isdigit() and int(user.split(":")[0]) > 0  # numeric: runAsNonRoot can check it
-    assert [args for op, args in ops if op == "ENTRYPOINT"] == ['["shardflow"]']
+    assert [args for op, args in ops if op == "ENTRYPOINT"] == ['["shardflow-entrypoint"]']
     assert any(op == "COPY" and args.startswith("jobs/") for op, args in ops)
 
 

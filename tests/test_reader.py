@@ -108,6 +108,21 @@ def test_channels_last_batches_hold_the_same_values(data):
     assert sorted(keys_of(cl)) == data["keys"]
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_batches_held_by_the_user_are_never_overwritten(data, channels_last):
+    """Workers under a Loader reuse a few shared-memory batch buffers; what the Loader returned must
+    stay intact however long it is kept (24 batches through 2 workers with 3 buffers each)."""
+    ref = {k: img for b in ShardDataset(data["m"], decode="torchrgb8", batch_size=5)
+           for k, img in zip(b["__key__"], b["jpg"])}
+    ds = ShardDataset(data["m"], decode="torchrgb8", batch_size=2, shuffle=6, channels_last=channels_last)
+    held = list(Loader(ds, num_workers=2, prefetch_factor=1))
+    assert len(held) == 24 and sorted(keys_of(held)) == data["keys"]
+    for b in held:
+        assert not b["jpg"].is_shared()
+        for k, img in zip(b["__key__"], b["jpg"]):
+            assert torch.equal(img, ref[k]), k
+
+
 def test_batches_are_identical_through_worker_processes(data):
     direct = list(ShardDataset(data["m"], decode="torchrgb", batch_size=8))
     via = list(torch.utils.data.DataLoader(ShardDataset(data["m"], decode="torchrgb", batch_size=8),
