@@ -224,7 +224,7 @@ def plan_command(jobfile: str, inputs: str | None, outputs: str | None, settings
         }, indent=1, sort_keys=True, default=repr))
         return
     click.echo(f"job {job.name} ({loaded.path}){': ' + loaded.summary() if loaded.summary() else ''}")
-    described = {k: v for k, v in job.describe().items() if k not in ("name", "fn") and v is not None}
+    described = {k: v for k, v in job.describe().items() if k not in ("name", "fn", "params") and v is not None}
     click.echo("options: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in described.items()))
     if loaded.params is not None:
         click.echo("params: " + ", ".join(f"{k}={json.dumps(v, default=repr)}" for k, v in loaded.params.items()))

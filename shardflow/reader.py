@@ -10,6 +10,9 @@
 Per consumer (one DataLoader worker of one rank) the pipeline is:
     its samples (see split.py) -> shuffle buffer of RAW samples -> decode -> map -> to_tuple -> batch
 Raw samples are shuffled, so the buffer holds compressed bytes, and skipping (resume) never decodes.
+Images of torch uint8 specs are decoded to HWC arrays (simplejpeg, through codecs) and written once,
+straight into the batch tensor; under a Loader that tensor lives in a reused shared-memory buffer, so
+a batch costs no fresh shared-memory segment and no extra copy on its way to the main process.
 
 Guarantees (the long version: Loader's docstring):
 - one epoch = every sample exactly once over all ranks and workers (unless equalize/epoch_size ask for
@@ -151,14 +154,16 @@ def _empty(shape: tuple[int, ...], dtype: torch.dtype, shared: bool) -> torch.Te
 
 
 class _Ring:
-    """Image batch buffers in shared memory that a worker reuses once the Loader has copied them out.
+    """Image batch buffers in shared memory that a worker reuses once nobody holds them any more.
 
     Sending a tensor from a DataLoader worker normally costs a fresh shared-memory segment per batch
-    (create, zero-fill on first touch, unmap): about as much as decoding the JPEGs at 256x256. Under a
-    Loader, a worker writes image batches into one of `slots` buffers allocated once; the Loader copies
-    each batch out as it arrives and marks its slot free in `free` (a shared array, one flag per slot).
-    A worker that finds no free slot (the consumer is slow) allocates a fresh buffer instead, so it
-    never waits and nothing is ever overwritten while in use.
+    (create, zero-fill every page on first touch, unmap), which at 256x256 costs about as much as
+    the JPEG decoding itself. Under a Loader, a worker writes image batches into one of `slots`
+    buffers per worker, allocated once; the Loader marks a slot free again in `free` (a shared
+    array, one flag per slot) once no tensor in the main process refers to that buffer any more
+    (the batch and all views of it are gone: its storage's use count says so). A worker that
+    finds no free slot allocates a fresh buffer instead, so it never waits, and a buffer is never
+    written while anything can still read it.
     """
 
     def __init__(self, free: Any, slots: int, worker: int, batch_size: int) -> None:
@@ -167,32 +172,146 @@ class _Ring:
         self.base = worker * slots
         self.batch_size = batch_size
         self.key: tuple | None = None
-        self.buffers: torch.Tensor | None = None
-        self.next = 0
-        self.used: list[int] = []
+        self.buffers: list[torch.Tensor | None] = [None] * slots
+        self.used: list[tuple[int, Any]] = []
+        self.sent: set[int] = set()  # slots the Loader has mapped (it keeps them mapped all epoch)
+        self.refs = True  # send later uses of a slot as a _SlotRef (no fd passing); off with pin_memory
 
-    def take(self, n: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
-        """A buffer for `n` images of `shape`, or None (use a fresh one)."""
+    def take(self, n: int, shape: tuple[int, ...], dtype: torch.dtype, field: Any) -> torch.Tensor | None:
+        """A buffer for `n` images of `shape` (recorded as used by `field`), or None (use a fresh one)."""
         if n > self.batch_size:
             return None
-        if self.buffers is None:
+        if self.key is None:
             self.key = (shape, dtype)
-            self.buffers = _empty((self.slots, self.batch_size, *shape), dtype, True)
         elif self.key != (shape, dtype):
             return None  # one ring per worker, for the main image field
         with self.free.get_lock():
-            for i in range(self.slots):
-                slot = (self.next + i) % self.slots
+            for slot in range(self.slots):  # the lowest free slot: a consumer that keeps up touches few
                 if self.free[self.base + slot]:
                     self.free[self.base + slot] = 0
-                    self.next = slot + 1
-                    self.used.append(slot)
-                    return self.buffers[slot, :n]
-        return None
+                    break
+            else:
+                return None
+        buf = self.buffers[slot]
+        if buf is None:  # allocated when first needed: a consumer that keeps up uses only a few
+            buf = self.buffers[slot] = _empty((self.batch_size, *shape), dtype, True)
+        self.used.append((slot, field))
+        return buf[:n]
 
-    def pop_used(self) -> tuple[int, ...]:
+    def pop_used(self) -> tuple[tuple[int, Any], ...]:
         used, self.used = tuple(self.used), []
         return used
+
+    def outgoing(self, item: Any) -> tuple[Any, tuple[tuple[int, Any], ...]]:
+        """The item as it is sent (slots the Loader already maps become references) and its slots."""
+        used = self.pop_used()
+        if not self.refs:
+            return item, used
+        for slot, field in used:
+            if slot in self.sent:
+                value = item if field is None else item[field]
+                ref = _SlotRef(slot, tuple(value.shape), tuple(value.stride()), value.storage_offset())
+                item = _replace(item, field, ref)
+            else:
+                self.sent.add(slot)
+        return item, used
+
+
+class _SlotRef(NamedTuple):
+    """A view of a ring slot the Loader already has mapped: sent instead of the tensor."""
+
+    slot: int
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+
+
+class _Small:
+    """A small tensor sent inline (pickled bytes) rather than through a shared-memory segment."""
+
+    __slots__ = ("a",)
+
+    def __init__(self, a: np.ndarray) -> None:
+        self.a = a
+
+
+def _inline_small(item: Any, limit: int = 1 << 16) -> Any:
+    """Under a Loader, small tensors of a batch go inline: a segment + fd per tensor costs more."""
+
+    def small(v: Any) -> Any:
+        if isinstance(v, torch.Tensor) and not v.is_shared() and v.device.type == "cpu" \
+                and v.numel() * v.element_size() <= limit and v.dtype != torch.bfloat16:
+            return _Small(v.numpy())
+        return v
+
+    if isinstance(item, dict):
+        return {k: small(v) for k, v in item.items()}
+    if isinstance(item, tuple):
+        return tuple(small(v) for v in item)
+    return small(item)
+
+
+class _RingReturns:
+    """The Loader's side of the workers' rings: which slots the batches it returned still hold."""
+
+    def __init__(self, free: Any, slots: int) -> None:
+        self.free = free
+        self.slots = slots
+        self.mapped: dict[tuple[int, int], Any] = {}  # (worker, slot) -> (storage, dtype), mapped all epoch
+        self.pending: set[tuple[int, int]] = set()
+
+    def received(self, item: Any, worker: int, used: tuple[tuple[int, Any], ...]) -> Any:
+        """The item with slot references resolved; records which slots it holds."""
+        done = []
+        for slot, field in used:
+            key = (worker, slot)
+            value = item if field is None else item[field]
+            if isinstance(value, _SlotRef):
+                storage, dtype = self.mapped[key]
+                value = torch.empty(0, dtype=dtype).set_(storage, value.offset, value.shape, value.stride)
+                item = _replace(item, field, value)
+            if isinstance(value, torch.Tensor) and value.is_shared():
+                self.mapped[key] = (value.untyped_storage(), value.dtype)
+                self.pending.add(key)
+            else:  # pin_memory made a copy: the buffer is already free
+                done.append(key)
+        self._free(done)
+        return item
+
+    def collect(self) -> None:
+        """Hand back every slot whose buffer only our own reference still points to."""
+        done = [ws for ws in self.pending if torch._C._storage_Use_Count(self.mapped[ws][0]._cdata) <= 1]
+        self.pending.difference_update(done)
+        self._free(done)
+
+    def _free(self, slots: list[tuple[int, int]]) -> None:
+        if slots:
+            with self.free.get_lock():
+                for worker, slot in slots:
+                    self.free[worker * self.slots + slot] = 1
+
+
+def _replace(item: Any, field: Any, value: Any) -> Any:
+    if field is None:
+        return value
+    if isinstance(item, tuple):
+        return item[:field] + (value,) + item[field + 1:]
+    item[field] = value
+    return item
+
+
+def _unwrap_small(item: Any, pin: bool) -> Any:
+    def unwrap(v: Any) -> Any:
+        if isinstance(v, _Small):
+            t = torch.from_numpy(v.a)
+            return t.pin_memory() if pin else t
+        return v
+
+    if isinstance(item, dict):
+        return {k: unwrap(v) for k, v in item.items()}
+    if isinstance(item, tuple):
+        return tuple(unwrap(v) for v in item)
+    return unwrap(item)
 
 
 def _pack_jpegs(values: list[_RawJpeg], single: bool) -> PackedJpegs:
@@ -203,12 +322,16 @@ def _pack_jpegs(values: list[_RawJpeg], single: bool) -> PackedJpegs:
     return PackedJpegs(data, torch.from_numpy(offsets), single)
 
 
-def _image_batch(n: int, shape: tuple[int, ...], dtype: torch.dtype, shared: bool, ring: _Ring | None) -> torch.Tensor:
-    out = ring.take(n, shape, dtype) if ring is not None else None
+def _image_batch(
+    n: int, shape: tuple[int, ...], dtype: torch.dtype, shared: bool, ring: _Ring | None, field: Any
+) -> torch.Tensor:
+    out = ring.take(n, shape, dtype, field) if ring is not None else None
     return out if out is not None else _empty((n, *shape), dtype, shared)
 
 
-def _collate_column(values: list[Any], shared: bool, channels_last: bool = False, ring: _Ring | None = None) -> Any:
+def _collate_column(
+    values: list[Any], shared: bool, channels_last: bool = False, ring: _Ring | None = None, field: Any = None
+) -> Any:
     first = values[0]
     if isinstance(first, _HWC):
         if all(isinstance(v, _HWC) for v in values):
@@ -217,19 +340,19 @@ def _collate_column(values: list[Any], shared: bool, channels_last: bool = False
                 tdtype = torch.from_numpy(first.a[:0]).dtype
                 n = len(values)
                 if first.a.ndim == 3 and channels_last:  # plain copies, no transposition
-                    out = _image_batch(n, shape, tdtype, shared, ring)
+                    out = _image_batch(n, shape, tdtype, shared, ring, field)
                     o = out.numpy()
                     for i, v in enumerate(values):
                         o[i] = v.a
                     return out.permute(0, 3, 1, 2)
                 if first.a.ndim == 3:
                     h, w, c = shape
-                    out = _image_batch(n, (c, h, w), tdtype, shared, ring)
+                    out = _image_batch(n, (c, h, w), tdtype, shared, ring, field)
                     o = out.numpy()
                     for i, v in enumerate(values):
                         o[i] = v.a.transpose(2, 0, 1)
                 else:
-                    out = _image_batch(n, shape, tdtype, shared, ring)
+                    out = _image_batch(n, shape, tdtype, shared, ring, field)
                     o = out.numpy()
                     for i, v in enumerate(values):
                         o[i] = v.a
@@ -243,7 +366,8 @@ def _collate_column(values: list[Any], shared: bool, channels_last: bool = False
         return [_pack_jpegs([v], single=True) if isinstance(v, _RawJpeg) else v for v in values]
     if isinstance(first, torch.Tensor):
         if all(isinstance(v, torch.Tensor) and v.shape == first.shape and v.dtype == first.dtype for v in values):
-            out = _empty((len(values), *first.shape), first.dtype, shared) if first.device.type == "cpu" else None
+            big = shared and len(values) * first.numel() * first.element_size() >= 1 << 16
+            out = _empty((len(values), *first.shape), first.dtype, big) if first.device.type == "cpu" else None
             return torch.stack(values, 0, out=out)
         return list(values)
     if isinstance(first, np.ndarray) and first.dtype != object:
@@ -270,9 +394,9 @@ def collate(samples: list[Any], shared: bool = False, channels_last: bool = Fals
             if len(s) != len(keys) or any(k not in s for k in keys):
                 keys = list(dict.fromkeys(k for s2 in samples for k in s2))
                 break
-        return {k: _collate_column([s.get(k) for s in samples], shared, channels_last, ring) for k in keys}
+        return {k: _collate_column([s.get(k) for s in samples], shared, channels_last, ring, k) for k in keys}
     if isinstance(first, tuple):
-        return tuple(_collate_column(list(col), shared, channels_last, ring) for col in zip(*samples))
+        return tuple(_collate_column(list(col), shared, channels_last, ring, i) for i, col in enumerate(zip(*samples)))
     return _collate_column(samples, shared, channels_last, ring)
 
 
@@ -721,8 +845,9 @@ class ShardDataset(IterableDataset):
         shared = get_worker_info() is not None
         ring = None
         if shared and self._ring_flags is not None and batch_size is not None and self.collate_fn is None:
-            flags, slots = self._ring_flags
+            flags, slots, refs = self._ring_flags
             ring = _Ring(flags, slots, worker, batch_size)
+            ring.refs = refs
         none: tuple[int, ...] = ()
         raw_pos = 0
         batch: list[Any] = []
@@ -753,9 +878,9 @@ class ShardDataset(IterableDataset):
                         batch.append(sample)
                         if len(batch) == batch_size:
                             delivered += len(batch)
-                            out = self._collate(batch, shared, ring)
+                            out, used = self._outgoing(self._collate(batch, shared, ring), ring)
                             batch = []
-                            yield out, (tag_worker, raw_pos, delivered, errors.count, ring.pop_used() if ring else none)
+                            yield out, (tag_worker, raw_pos, delivered, errors.count, used)
                     if quota is not None and delivered + len(batch) >= quota:
                         break
             finally:
@@ -769,10 +894,17 @@ class ShardDataset(IterableDataset):
                 break
         if batch and (self.partial or (quota is not None and delivered + len(batch) >= quota)):
             delivered += len(batch)
-            out = self._collate(batch, shared, ring)
-            yield out, (tag_worker, raw_pos, delivered, errors.count, ring.pop_used() if ring else none)
+            out, used = self._outgoing(self._collate(batch, shared, ring), ring)
+            yield out, (tag_worker, raw_pos, delivered, errors.count, used)
         # the final tally (problems found after the last batch), not an item for the user
         yield _EndOfWorker(), (tag_worker, raw_pos, delivered, errors.count, none)
+
+    def _outgoing(self, item: Any, ring: _Ring | None) -> tuple[Any, tuple]:
+        """A batch as a Loader's worker sends it: ring slots as references, small tensors inline."""
+        if ring is None:
+            return item, ()
+        item, used = ring.outgoing(item)
+        return _inline_small(item), used
 
     def _collate(self, batch: list[Any], shared: bool, ring: _Ring | None = None) -> Any:
         if self.collate_fn is not None:
@@ -863,23 +995,33 @@ class ShardDataset(IterableDataset):
         finally:
             samples.close()  # type: ignore[attr-defined]
 
+    def _image_field(self, key: str, decoder: Decoder, jpeg_only: bool) -> bool:
+        """Is `key` an image entry this decoder decodes with a builtin codec (memoised per key)?"""
+        memo = self.__dict__.setdefault("_field_memo", {})
+        answer = memo.get((key, jpeg_only))
+        if answer is None:
+            last = _split_ext(key)[1]
+            answer = (not key.startswith("__") and last in (_JPEG if jpeg_only else IMAGE_EXTENSIONS)
+                      and decoder.wants(key) and not _user_codec(decoder, key))
+            memo[(key, jpeg_only)] = answer
+        return answer
+
     def _prepare(self, raw: dict[str, Any], errors: _ErrorCount, gpu_defer: bool) -> Any:
         """Decode, map and to_tuple one raw sample; None when it is dropped or skipped."""
         try:
             sample = raw
             jpegs = None
-            if gpu_defer:
-                jpegs = {k: _RawJpeg(v) for k, v in raw.items() if not k.startswith("__") and _split_ext(k)[1] in _JPEG
-                         and isinstance(v, (bytes, bytearray)) and self._decoder is not None and self._decoder.wants(k)
-                         and not _user_codec(self._decoder, k)}
+            if gpu_defer and self._decoder is not None:
+                jpegs = {k: _RawJpeg(v) for k, v in raw.items()
+                         if isinstance(v, (bytes, bytearray)) and self._image_field(k, self._decoder, True)}
                 if jpegs:
                     sample = {k: v for k, v in raw.items() if k not in jpegs}
-            if self._fast_decoder is not None and not gpu_defer:
-                sample = self._fast_decoder(sample)
+            fast = self._fast_decoder
+            if fast is not None and not gpu_defer:
+                sample = fast(sample)
                 for k, v in sample.items():
-                    if isinstance(v, np.ndarray) and v.dtype == np.uint8 and v.ndim in (2, 3) \
-                            and _split_ext(k)[1] in IMAGE_EXTENSIONS and not _user_codec(self._fast_decoder, k) \
-                            and self._fast_decoder.wants(k):
+                    if type(v) is np.ndarray and v.dtype == np.uint8 and v.ndim in (2, 3) \
+                            and self._image_field(k, fast, False):
                         sample[k] = _HWC(v)
             elif self._decoder is not None:
                 sample = self._decoder(sample)
@@ -1045,6 +1187,12 @@ class Loader:
     seed, order settings, rank, world size and num_workers must be the same (checked: a mismatch is
     a ValueError). A state taken after an epoch ended resumes at the start of the next epoch. With a
     plain DataLoader, `ShardDataset.load_state_dict(state)` resumes the same way.
+
+    Zero-copy batches. Image batches cross from the workers in a few shared-memory buffers per
+    worker that are reused (see `_Ring`): a buffer goes back to its worker only when no tensor in this
+    process refers to it any more (the batch and every view of it are gone), so batches you keep stay
+    intact. A batch handed on to *another* process (a multiprocessing queue) should be `.clone()`d
+    first. With pin_memory=True the pinned copy is what you get, and buffers return at once.
     """
 
     def __init__(
@@ -1063,6 +1211,7 @@ class Loader:
         self.dataset = dataset
         self.num_workers = int(num_workers)
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
+        self._pinning = bool(self.pin_memory) and torch.cuda.is_available()  # what DataLoader really does
         self.prefetch_factor = prefetch_factor if num_workers > 0 else None
         self.kwargs = dataloader_kwargs
         self.epoch = dataset.epoch
@@ -1131,25 +1280,24 @@ class Loader:
             ctx = kwargs.get("multiprocessing_context") or torch.multiprocessing.get_context()
             if isinstance(ctx, str):
                 ctx = torch.multiprocessing.get_context(ctx)
-            slots = (self.prefetch_factor or 2) + 2
+            slots = (self.prefetch_factor or 2) + 3  # in flight + the batch you hold + the one before
             flags = ctx.Array("b", [1] * (self.num_workers * slots))
-            ds._ring_flags = (flags, slots)
+            ds._ring_flags = (flags, slots, not self._pinning)
+            returns = _RingReturns(flags, slots)
         kwargs.setdefault("collate_fn", _as_is)  # keep tuples and numpy arrays as the dataset made them
         loader = DataLoader(ds, batch_size=None, num_workers=self.num_workers, pin_memory=self.pin_memory, **kwargs)
         positions = self._positions
-        keep: dict[int, Any] = {}  # one received ring storage per worker: its mapping stays cached
         it = iter(loader)
         try:
             for item, tag in it:
                 positions[tag[0]] = (tag[1], tag[2], tag[3])
                 if isinstance(item, _EndOfWorker):
                     continue
-                if tag[4]:  # copy the worker's reusable buffers out, then hand them back
-                    item = _copy_out(item, keep, tag[0])
-                    flags, slots = ds._ring_flags
-                    with flags.get_lock():
-                        for slot in tag[4]:
-                            flags[tag[0] * slots + slot] = 1
+                if ds._ring_flags is not None:
+                    if tag[4]:
+                        item = returns.received(item, tag[0], tag[4])
+                    item = _unwrap_small(item, self._pinning)
+                    returns.collect()
                 if ds.gpu_decode:
                     item = ds.finish(item)
                 yield item
@@ -1163,26 +1311,6 @@ class Loader:
 
 def _as_is(item: Any) -> Any:
     return item
-
-
-def _copy_out(item: Any, keep: dict[int, Any], worker: int) -> Any:
-    """The item with every tensor that lives in a worker's ring buffer replaced by a copy."""
-
-    def copy(t: Any) -> Any:
-        if isinstance(t, torch.Tensor) and t.is_shared():
-            storage = t.untyped_storage()
-            if storage.nbytes() > t.numel() * t.element_size():  # a view into the ring
-                keep[worker] = storage
-                return t.clone()
-        return t
-
-    if isinstance(item, dict):
-        return {k: copy(v) for k, v in item.items()}
-    if isinstance(item, tuple):
-        return tuple(copy(v) for v in item)
-    if isinstance(item, list):
-        return [copy(v) for v in item]
-    return copy(item)
 
 
 def _split_message(ds: ShardDataset, workers: int) -> str:

@@ -110,17 +110,27 @@ def test_channels_last_batches_hold_the_same_values(data):
 
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_batches_held_by_the_user_are_never_overwritten(data, channels_last):
-    """Workers under a Loader reuse a few shared-memory batch buffers; what the Loader returned must
-    stay intact however long it is kept (24 batches through 2 workers with 3 buffers each)."""
+    """Under a Loader, workers reuse a few shared-memory batch buffers once nothing refers to them;
+    whatever is still held (a whole batch, or just a view of one image) must stay intact."""
     ref = {k: img for b in ShardDataset(data["m"], decode="torchrgb8", batch_size=5)
            for k, img in zip(b["__key__"], b["jpg"])}
     ds = ShardDataset(data["m"], decode="torchrgb8", batch_size=2, shuffle=6, channels_last=channels_last)
-    held = list(Loader(ds, num_workers=2, prefetch_factor=1))
+    held = list(Loader(ds, num_workers=2, prefetch_factor=1, pin_memory=True))  # 24 batches, 2 x 4 buffers
     assert len(held) == 24 and sorted(keys_of(held)) == data["keys"]
     for b in held:
-        assert not b["jpg"].is_shared()
         for k, img in zip(b["__key__"], b["jpg"]):
             assert torch.equal(img, ref[k]), k
+    views, seen = {}, 0
+    for epoch in range(2):
+        for b in Loader(ds, num_workers=2, prefetch_factor=1):  # drop batches, keep some views
+            seen += len(b["__key__"])
+            if seen % 3 == 0:
+                views[(epoch, b["__key__"][0])] = b["jpg"][0]
+            for k, img in zip(b["__key__"], b["jpg"]):
+                assert torch.equal(img, ref[k]), k
+    assert len(views) > 5
+    for (_, k), img in views.items():
+        assert torch.equal(img, ref[k]), k
 
 
 def test_batches_are_identical_through_worker_processes(data):
