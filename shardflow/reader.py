@@ -1171,7 +1171,10 @@ class Loader:
       `load_state_dict()` makes the next iteration yield exactly the rest of that epoch;
     - JPEGs are decoded on the GPU here, in batches, when the dataset asks for it;
     - `stats` counts the samples delivered and skipped (error policy) this epoch.
-    Keyword arguments go to torch's DataLoader (pin_memory defaults to "a CUDA device is present").
+    Keyword arguments go to torch's DataLoader (pin_memory defaults to "a CUDA device is present";
+    in_order=False lets a fast worker's batch overtake a slow one's: each worker's batches stay
+    deterministic and resumable, only their interleaving varies). persistent_workers is refused:
+    workers start per epoch, carrying the epoch and the resume point.
 
     The resume guarantee, precisely. Each worker's sequence of batches is a pure function of the
     shard list, the sample counts, seed, epoch, rank, world size, worker id, num_workers and the
@@ -1274,8 +1277,6 @@ class Loader:
         kwargs = dict(self.kwargs)
         if self.num_workers > 0 and self.prefetch_factor is not None:
             kwargs["prefetch_factor"] = self.prefetch_factor
-        if kwargs.get("in_order") is False:
-            raise ValueError("Loader keeps batches in order (in_order=True): its state depends on it")
         if self.num_workers > 0 and ds.batch_size is not None and ds.collate_fn is None:
             ctx = kwargs.get("multiprocessing_context") or torch.multiprocessing.get_context()
             if isinstance(ctx, str):

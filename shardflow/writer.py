@@ -480,13 +480,15 @@ class _Committer:
             while self._busy:
                 self._cond.wait()
 
-    def stop(self) -> None:
+    def stop(self, join: bool = True) -> None:
         thread = self._thread
         if thread is not None:
             self._thread = None
             with self._cond:
                 self._todo.append(None)
                 self._cond.notify_all()
+            if join and thread is not threading.current_thread():
+                thread.join()
 
 
 class ShardWriter:
@@ -601,7 +603,7 @@ class ShardWriter:
     def __del__(self) -> None:
         committer = getattr(self, "_committer", None)
         if committer is not None:
-            committer.stop()
+            committer.stop(join=False)
 
     def __enter__(self) -> "ShardWriter":
         return self

@@ -289,6 +289,21 @@ def test_resume_mid_epoch_yields_exactly_the_rest(data, which, workers, kw):
         assert sorted(keys_of(resumed)) == next_epoch and resumed.epoch == 1
 
 
+def test_resume_with_an_unordered_loader(data):
+    """in_order=False (no head-of-line blocking): the interleaving of workers varies, but the state
+    counts per worker, so resuming is still exact."""
+    make = lambda: ShardDataset(data["m"], decode=None, shuffle=10, seed=5, batch_size=3)  # noqa: E731
+    loader = Loader(make(), num_workers=2, in_order=False)
+    it = iter(loader)
+    seen = keys_of([next(it) for _ in range(4)])
+    state = loader.state_dict()
+    del it
+    resumed = Loader(make(), num_workers=2, in_order=False)
+    resumed.load_state_dict(state)
+    rest = keys_of(resumed)
+    assert sorted(seen + rest) == data["keys"]
+
+
 def test_dataset_state_dict_in_process(data):
     ds = ShardDataset(data["m"], decode=None, shuffle=10, seed=2, batch_size=4)
     ds.set_epoch(3)
