@@ -16,6 +16,7 @@ and never contain credentials.
 from __future__ import annotations
 
 import os
+import signal
 import re
 import subprocess
 import sys
@@ -299,18 +300,23 @@ class PipeStream:
         self.url = url
         self.mode = mode
         command = url[len("pipe:"):]
+        # its own process group, so that stopping it stops every command of a pipeline, not only `sh`
         if mode == "rb":
-            self._proc = subprocess.Popen(command, shell=True, stdout=subprocess.PIPE, bufsize=1 << 20)
+            self._proc = subprocess.Popen(command, shell=True, stdout=subprocess.PIPE, bufsize=1 << 20,
+                                          start_new_session=True)
             self._pipe = self._proc.stdout
         else:
-            self._proc = subprocess.Popen(command, shell=True, stdin=subprocess.PIPE, bufsize=1 << 20)
+            self._proc = subprocess.Popen(command, shell=True, stdin=subprocess.PIPE, bufsize=1 << 20,
+                                          start_new_session=True)
             self._pipe = self._proc.stdin
         self._eof = False
         self._killed = False
         self.closed = False
 
     def read(self, n: int = -1) -> bytes:
-        data = self._pipe.read(n)
+        # read1: hand over what the command has written so far, so a slow command's first sample is
+        # not held back until a whole buffer fills
+        data = self._pipe.read() if n < 0 else self._pipe.read1(n)
         if n < 0 or not data:
             self._eof = True
         return data
@@ -329,8 +335,7 @@ class PipeStream:
         if self.mode == "rb" and not self._eof:
             rest = self._pipe.read(1)
             if rest:  # the reader stopped early: do not wait for a command that may never end
-                self._proc.kill()
-                self._killed = True
+                self._kill()
         try:
             self._pipe.close()
         except BrokenPipeError:
@@ -345,8 +350,15 @@ class PipeStream:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _kill(self) -> None:
+        try:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._killed = True
+
     def __del__(self) -> None:
         if not getattr(self, "closed", True):
-            self._proc.kill()
+            self._kill()
             self._proc.wait()
 
