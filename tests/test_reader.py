@@ -486,6 +486,9 @@ def test_missing_shard_is_an_error_naming_it(data, on_error):
 def test_gpu_decode_falls_back_to_cpu_without_a_gpu(data):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: bench/bench_reader.py --gpu exercises that path")
+    import shardflow.reader
+
+    shardflow.reader._warned.clear()  # said once per process: make sure this test sees it
     with pytest.warns(UserWarning, match="no CUDA device"):
         ds = ShardDataset(data["m"], decode="torchrgb8-gpu", batch_size=6)
     assert not ds.gpu_decode
