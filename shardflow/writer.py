@@ -14,6 +14,7 @@ import hashlib
 import os
 import threading
 import uuid
+import zlib
 from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any, BinaryIO, Callable
@@ -290,6 +291,26 @@ class _HashingSink:
 Encode = Callable[[Sample], Sample]
 
 
+class _GzipStage:
+    """Gzip between the tar writer and the sink; deterministic (zlib's gzip header has mtime 0)."""
+
+    def __init__(self, sink: "_HashingSink", level: int = 6) -> None:
+        self._sink = sink
+        self._zip = zlib.compressobj(level, zlib.DEFLATED, 31)
+
+    def write_parts(self, parts: list[bytes]) -> None:
+        compressed = [c for c in map(self._zip.compress, parts) if c]
+        if compressed:
+            self._sink.write_parts(compressed)
+
+    def write(self, data: bytes) -> int:
+        self.write_parts([data])
+        return len(data)
+
+    def finish(self) -> None:
+        self._sink.write_parts([self._zip.flush()])
+
+
 class TarWriter:
     """Write samples into one tar shard (a URL, committed atomically, or an open binary stream).
 
@@ -321,7 +342,9 @@ class TarWriter:
         else:
             out = target
         self._sink = _HashingSink(out, checksum, threaded=threaded)
-        self._tar = TarStreamWriter(self._sink, mtime=mtime)  # type: ignore[arg-type]
+        # a .tar.gz / .tgz name gets what it says: the tar is gzipped on the way to the sink
+        self._gzip = _GzipStage(self._sink) if self.url.endswith((".gz", ".tgz")) else None
+        self._tar = TarStreamWriter(self._gzip or self._sink, mtime=mtime)  # type: ignore[arg-type]
         self._encoder = encoder
         self.nsamples = 0
         self.closed = False
@@ -356,6 +379,8 @@ class TarWriter:
             raise ValueError(f"{self.url} is already closed")
         try:
             self._tar.finish()
+            if self._gzip is not None:
+                self._gzip.finish()
             self._sink.drain()  # every byte hashed and handed to the output
             if self._owned is not None:
                 self.closed = True

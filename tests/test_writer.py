@@ -443,3 +443,22 @@ def test_s3_failed_write_leaves_no_object(s3_server, s3_bucket):
             raise Boom
     fs.invalidate_cache()
     assert fs.ls(f"{s3_bucket}/failed", detail=False) == [f"{bucket}/failed/s-0.tar"]
+
+
+def test_tar_gz_names_are_written_gzipped_and_reproducibly(tmp_path):
+    import gzip
+    import subprocess
+
+    digests = []
+    for run in range(2):
+        url = str(tmp_path / f"run{run}" / "shard.tar.gz")
+        with TarWriter(url) as writer:
+            for i in range(20):
+                writer.write({"__key__": f"k{i:03d}", "txt": b"x" * i, "cls": b"%d" % i})
+        data = open(url, "rb").read()
+        assert data[:2] == b"\x1f\x8b"
+        gzip.decompress(data)  # a complete gzip stream
+        digests.append(hashlib.sha256(data).hexdigest())
+        listing = subprocess.run(["tar", "tzf", url], capture_output=True, text=True, check=True).stdout.split()
+        assert listing[:2] == ["k000.cls", "k000.txt"] and len(listing) == 40
+    assert digests[0] == digests[1]
