@@ -26,7 +26,7 @@ and classes travel to worker processes, Dask workers and pods by value, so the f
 importable there. Modules it imports by name (torch, numpy, your installed packages) must be.
 
 Built-in jobs: a bare name (`augment`, `resize`, `filter`, `reshard`) names a job shipped with
-shardflow (`shardflow/jobs_builtin/`, copies of the repository's `jobs/`); anything with a `/` or
+shardflow (`shardflow/jobs_builtin/`; the repository's `jobs/` links to them); anything with a `/` or
 ending in `.py` is a path. `shardflow run augment` and `shardflow run jobs/augment.py` run the same.
 """
 
@@ -67,7 +67,7 @@ def job_options() -> tuple[str, ...]:
 
 def builtin_jobs() -> dict[str, Path]:
     """Built-in job name -> file: the repository's jobs/ in a source checkout (pip install -e .),
-    else the copies shipped in the package (a wheel)."""
+    else the jobs shipped in the package (a wheel); jobs/*.py link to those."""
     found: dict[str, Path] = {}
     root = Path(__file__).resolve().parent.parent
     folders = [BUILTIN_DIR]

@@ -84,7 +84,7 @@ def test_dockerfile_shape():
     user = [args for op, args in ops if op == "USER"][-1]
     assert user.split(":")[0].isdigit() and int(user.split(":")[0]) > 0  # numeric: runAsNonRoot can check it
     assert [args for op, args in ops if op == "ENTRYPOINT"] == ['["shardflow-entrypoint"]']
-    assert any(op == "COPY" and args.startswith("jobs/") for op, args in ops)
+    assert any(op == "COPY" and args.startswith("shardflow/jobs_builtin/") for op, args in ops)
 
 
 def test_context_holds_what_the_dockerfile_copies():
