@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from .common import (
-    EXIT_BAD_INPUT, EXIT_RETRY, EXIT_STOP, ClusterOptions, container, pod_security, storage_args, volumes, worker_args,
+    EXIT_BAD_INPUT, EXIT_RETRY, EXIT_STOP, ClusterOptions, container, pod_extras, pod_security, storage_args, volumes,
+    worker_args,
 )
 
 KIND = "argo"
@@ -41,13 +42,7 @@ def workflow_manifest(opts: ClusterOptions) -> dict[str, Any]:
         metadata["namespace"] = opts.namespace
     metadata["labels"] = labels
     metadata["annotations"] = opts.annotations(KIND)
-    spec: dict[str, Any] = {"entrypoint": "main"}
-    if opts.service_account:
-        spec["serviceAccountName"] = opts.service_account
-    if opts.image_pull_secrets:
-        spec["imagePullSecrets"] = [{"name": s} for s in opts.image_pull_secrets]
-    if opts.node_selector:
-        spec["nodeSelector"] = dict(sorted(opts.node_selector.items()))
+    spec: dict[str, Any] = {"entrypoint": "main", **pod_extras(opts)}
     if opts.deadline:
         spec["activeDeadlineSeconds"] = opts.deadline
     spec.update({
