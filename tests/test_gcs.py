@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gc
 import hashlib
-import random
 import threading
 import time
 
@@ -19,6 +18,7 @@ from shardflow.errors import ShardIOError
 from shardflow.remote import ObjectChangedError, RemoteReader, RetryPolicy
 from shardflow.samples import read_samples
 from shardflow.writer import ShardWriter, TarWriter
+from storage_samples import make_samples, strip_url, write_shard
 
 pytest.importorskip("gcsfs")
 
@@ -29,25 +29,9 @@ class Boom(Exception):
     pass
 
 
-def _samples(n, size, seed=0, prefix="g"):
-    rnd = random.Random(seed)
-    return [{"__key__": f"{prefix}/{i:06d}", "bin": rnd.randbytes(size), "cls": b"%d" % i} for i in range(n)]
-
-
-def _strip(sample):
-    return {k: v for k, v in sample.items() if k != "__url__"}
-
-
-def _write(url, samples, options):
-    with TarWriter(url, storage_options=options) as writer:
-        for sample in samples:
-            writer.write(sample)
-    return writer
-
-
 def test_round_trip_with_shardwriter(gcs_server, gcs_bucket):
     options = gcs_server.storage_options
-    samples = _samples(25, 30_000)
+    samples = make_samples(25, 30_000, prefix="g")
     with ShardWriter(f"{gcs_bucket}/rt/part-%04d.tar", maxcount=10, storage_options=options) as writer:
         for sample in samples:
             writer.write(sample)
@@ -57,18 +41,18 @@ def test_round_trip_with_shardwriter(gcs_server, gcs_bucket):
         assert hashlib.sha256(data).hexdigest() == info.sha256
     found = urls.expand(f"{gcs_bucket}/rt/part-*.tar", options)
     assert found == [i.url for i in writer.shards]
-    got = [_strip(s) for url in found for s in read_samples(url, storage_options=options)]
+    got = [strip_url(s) for url in found for s in read_samples(url, storage_options=options)]
     assert got == samples
 
 
 def test_large_resumable_upload_round_trip(gcs_server, gcs_bucket):
     options = gcs_server.storage_options
     url = f"{gcs_bucket}/big/one.tar"
-    samples = _samples(10, 3 * MB, seed=2)  # 30 MB: several resumable-upload chunks
-    _write(url, samples, options)
+    samples = make_samples(10, 3 * MB, seed=2, prefix="g")  # 30 MB: several resumable-upload chunks
+    write_shard(url, samples, options)
     with urls.open_read(url, options) as stream:
         assert isinstance(stream, RemoteReader)
-        assert [_strip(s) for s in read_samples(stream, url)] == samples
+        assert [strip_url(s) for s in read_samples(stream, url)] == samples
 
 
 def test_failed_write_mid_upload_leaves_no_object(gcs_server, gcs_bucket):
@@ -76,7 +60,7 @@ def test_failed_write_mid_upload_leaves_no_object(gcs_server, gcs_bucket):
     url = f"{gcs_bucket}/fail/big.tar"
     with pytest.raises(Boom):
         with TarWriter(url, storage_options=options) as writer:
-            for sample in _samples(24, 1 * MB):
+            for sample in make_samples(24, 1 * MB, prefix="g"):
                 writer.write(sample)
             upload = writer._atomic._file
             deadline = time.monotonic() + 20  # bytes reach the upload on a background thread
@@ -93,7 +77,7 @@ def test_dropped_writer_publishes_nothing(gcs_server, gcs_bucket, size):
 
     def write_and_drop():
         writer = TarWriter(url, storage_options=gcs_server.storage_options)
-        for sample in _samples(max(1, size // MB), min(size, MB)):
+        for sample in make_samples(max(1, size // MB), min(size, MB), prefix="g"):
             writer.write(sample)
 
     write_and_drop()
@@ -105,12 +89,12 @@ def test_dropped_writer_publishes_nothing(gcs_server, gcs_bucket, size):
 def test_object_replaced_during_read_is_detected(gcs_server, gcs_bucket):
     options = gcs_server.storage_options
     url = f"{gcs_bucket}/repl/a.tar"
-    samples = _samples(20, 300_000, seed=3)
-    _write(url, samples, options)
+    samples = make_samples(20, 300_000, seed=3, prefix="g")
+    write_shard(url, samples, options)
     with urls.open_read(url, options, block_size=512 * 1024, readahead=0) as stream:
         it = read_samples(stream, url)
-        assert _strip(next(it)) == samples[0]
-        _write(url, _samples(20, 300_000, seed=4), options)
+        assert strip_url(next(it)) == samples[0]
+        write_shard(url, make_samples(20, 300_000, seed=4, prefix="g"), options)
         with pytest.raises(ObjectChangedError) as info:
             list(it)
     assert url in str(info.value)
@@ -119,8 +103,8 @@ def test_object_replaced_during_read_is_detected(gcs_server, gcs_bucket):
 def test_read_resumes_after_server_restart(gcs_server, gcs_bucket):
     options = gcs_server.storage_options
     url = f"{gcs_bucket}/restart/a.tar"
-    samples = _samples(30, 400_000, seed=5)
-    _write(url, samples, options)
+    samples = make_samples(30, 400_000, seed=5, prefix="g")
+    write_shard(url, samples, options)
     stream = urls.open_read(url, options, block_size=1 * MB, readahead=1,
                             retry=RetryPolicy(attempts=40, base_delay=0.1, max_delay=1.0, deadline=90))
     got = []
@@ -128,11 +112,11 @@ def test_read_resumes_after_server_restart(gcs_server, gcs_bucket):
     try:
         it = read_samples(stream, url)
         for _ in range(4):
-            got.append(_strip(next(it)))
+            got.append(strip_url(next(it)))
         gcs_server.stop()
         restarter = threading.Timer(1.5, gcs_server.start)
         restarter.start()
-        got.extend(_strip(s) for s in it)
+        got.extend(strip_url(s) for s in it)
     finally:
         if restarter is not None:
             restarter.join()

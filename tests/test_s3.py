@@ -10,7 +10,6 @@ from __future__ import annotations
 import gc
 import hashlib
 import os
-import random
 import threading
 import time
 import traceback
@@ -23,6 +22,7 @@ from shardflow.errors import ShardIOError
 from shardflow.remote import ObjectChangedError, RemoteReader, RetryPolicy
 from shardflow.samples import read_samples
 from shardflow.writer import ShardWriter, TarWriter
+from storage_samples import make_samples, strip_url, write_shard
 
 pytest.importorskip("s3fs")
 
@@ -35,22 +35,6 @@ class Boom(Exception):
 
 def _fs(s3_server):
     return fsspec.filesystem("s3", skip_instance_cache=True, **s3_server.storage_options)
-
-
-def _samples(n, size, seed=0, prefix="k"):
-    rnd = random.Random(seed)
-    return [{"__key__": f"{prefix}/{i:06d}", "bin": rnd.randbytes(size), "cls": b"%d" % i} for i in range(n)]
-
-
-def _strip(sample):
-    return {k: v for k, v in sample.items() if k != "__url__"}
-
-
-def _write_shard(url, samples, options):
-    with TarWriter(url, storage_options=options) as writer:
-        for sample in samples:
-            writer.write(sample)
-    return writer
 
 
 def _eventually(check, timeout=20.0):
@@ -84,7 +68,7 @@ def _multipart_uploads(s3_server, bucket, key):
 
 def test_shardwriter_round_trip(s3_server, s3_bucket):
     options = s3_server.storage_options
-    samples = _samples(35, 20_000)
+    samples = make_samples(35, 20_000)
     with ShardWriter(f"{s3_bucket}/rt/shard-%06d.tar", maxcount=10, storage_options=options) as writer:
         for sample in samples:
             writer.write(sample)
@@ -96,13 +80,13 @@ def test_shardwriter_round_trip(s3_server, s3_bucket):
         assert len(data) == info.nbytes and hashlib.sha256(data).hexdigest() == info.sha256
     shard_urls = urls.expand(f"{s3_bucket}/rt/shard-*.tar", options)
     assert shard_urls == [i.url for i in infos]
-    got = [_strip(s) for url in shard_urls for s in read_samples(url, storage_options=options)]
+    got = [strip_url(s) for url in shard_urls for s in read_samples(url, storage_options=options)]
     assert got == samples
 
 
 def test_multipart_round_trip_and_reader_is_streaming(s3_server, s3_bucket):
     options = s3_server.storage_options
-    samples = _samples(12, 3 * MB, seed=1)  # 36 MB: a multipart upload of 16 MiB parts
+    samples = make_samples(12, 3 * MB, seed=1)  # 36 MB: a multipart upload of 16 MiB parts
     url = f"{s3_bucket}/big/one.tar"
     with TarWriter(url, storage_options=options) as writer:
         for sample in samples:
@@ -112,7 +96,7 @@ def test_multipart_round_trip_and_reader_is_streaming(s3_server, s3_bucket):
     stream = urls.open_read(url, options)
     assert isinstance(stream, RemoteReader) and stream.block_size == 8 * MB
     with stream:
-        got = [_strip(s) for s in read_samples(stream, url)]
+        got = [strip_url(s) for s in read_samples(stream, url)]
     assert got == samples
 
 
@@ -123,7 +107,7 @@ def test_per_prefix_storage_options(s3_server, s3_bucket):
         s3_bucket: good,
     }
     url = f"{s3_bucket}/prefix/a.tar"
-    _write_shard(url, _samples(3, 100), options)
+    write_shard(url, make_samples(3, 100), options)
     assert len(list(read_samples(url, storage_options=options))) == 3
     assert urls.expand(f"{s3_bucket}/prefix/*.tar", options) == [url]
 
@@ -138,7 +122,7 @@ def test_failed_write_mid_multipart_leaves_no_object(s3_server, s3_bucket):
     bucket, key = url[5:].split("/", 1)
     with pytest.raises(Boom):
         with TarWriter(url, storage_options=options) as writer:
-            for sample in _samples(30, 1 * MB):
+            for sample in make_samples(30, 1 * MB):
                 writer.write(sample)
             upload = writer._atomic._file
             _eventually(lambda: upload.mpu is not None and len(upload.parts) >= 1)  # parts uploaded
@@ -152,7 +136,7 @@ def test_failed_small_write_leaves_no_object(s3_server, s3_bucket):
     url = f"{s3_bucket}/fail/small.tar"
     with pytest.raises(Boom):
         with TarWriter(url, storage_options=s3_server.storage_options) as writer:
-            writer.write(_samples(1, 1000)[0])
+            writer.write(make_samples(1, 1000)[0])
             raise Boom()
     assert not _fs(s3_server).exists(url)
 
@@ -162,7 +146,7 @@ def test_shardwriter_error_keeps_committed_shards_only(s3_server, s3_bucket):
     pattern = f"{s3_bucket}/sw/part-%03d.tar"
     with pytest.raises(Boom):
         with ShardWriter(pattern, maxsize=12 * MB, storage_options=options) as writer:
-            for sample in _samples(30, 1 * MB):
+            for sample in make_samples(30, 1 * MB):
                 writer.write(sample)
             raise Boom()
     names = sorted(p.rsplit("/", 1)[-1] for p in _fs(s3_server).ls(f"{s3_bucket}/sw"))
@@ -180,7 +164,7 @@ def test_writer_dropped_without_close_publishes_nothing(s3_server, s3_bucket, si
     def write_and_drop():
         writer = TarWriter(url, storage_options=options)
         written = 0
-        for sample in _samples(max(1, size // MB), min(size, MB)):
+        for sample in make_samples(max(1, size // MB), min(size, MB)):
             writer.write(sample)
             written += 1
         assert written
@@ -212,9 +196,9 @@ def test_open_write_dropped_upload_is_not_published(s3_server, s3_bucket):
 
 
 def _big_shard(s3_server, s3_bucket, name="restart.tar", n=48, size=500_000):
-    samples = _samples(n, size, seed=7)
+    samples = make_samples(n, size, seed=7)
     url = f"{s3_bucket}/faults/{name}"
-    _write_shard(url, samples, s3_server.storage_options)
+    write_shard(url, samples, s3_server.storage_options)
     return url, samples
 
 
@@ -231,12 +215,12 @@ def test_read_resumes_after_server_restart(s3_server, s3_bucket):
     try:
         it = read_samples(stream, url)
         for _ in range(5):
-            got.append(_strip(next(it)))
+            got.append(strip_url(next(it)))
         s3_server.stop()
         restarter = threading.Timer(2.0, s3_server.start)
         restarter.start()
         for sample in it:
-            got.append(_strip(sample))
+            got.append(strip_url(sample))
     finally:
         if restarter is not None:
             restarter.join()
@@ -266,7 +250,7 @@ def test_read_fails_cleanly_when_server_stays_down(s3_server, s3_bucket):
     assert url in message and "attempts" in message
     assert s3_server.secret not in message
     assert len(got) < len(samples)
-    assert all(_strip(g) == s for g, s in zip(got, samples))  # what was yielded was whole
+    assert all(strip_url(g) == s for g, s in zip(got, samples))  # what was yielded was whole
 
 
 def test_object_replaced_during_read_is_detected(s3_server, s3_bucket):
@@ -276,8 +260,8 @@ def test_object_replaced_during_read_is_detected(s3_server, s3_bucket):
     with stream:
         it = read_samples(stream, url)
         first = [next(it) for _ in range(3)]
-        assert [_strip(s) for s in first] == samples[:3]
-        _write_shard(url, _samples(20, 300_000, seed=8), options)  # same size, new bytes
+        assert [strip_url(s) for s in first] == samples[:3]
+        write_shard(url, make_samples(20, 300_000, seed=8), options)  # same size, new bytes
         with pytest.raises(ObjectChangedError) as info:
             list(it)
     assert url in str(info.value) and "changed" in str(info.value)
@@ -336,7 +320,7 @@ def _all_text(exc: BaseException) -> str:
 
 def test_bad_credentials_errors_name_url_not_secret(s3_server, s3_bucket):
     url = f"{s3_bucket}/creds/a.tar"
-    _write_shard(url, _samples(2, 100), s3_server.storage_options)
+    write_shard(url, make_samples(2, 100), s3_server.storage_options)
     endpoint = {"client_kwargs": {"endpoint_url": s3_server.endpoint_url, "region_name": "us-east-1"}}
     wrong_secret = {"key": s3_server.key, "secret": "WRONGsecretVALUE-0123456789", **endpoint}
     wrong_key = {"key": "AKIADOESNOTEXIST42", "secret": "ANOTHERsecretVALUE-987654", **endpoint}
@@ -350,7 +334,7 @@ def test_bad_credentials_errors_name_url_not_secret(s3_server, s3_bucket):
         assert options["key"] not in str(info.value)
         with pytest.raises(ShardIOError) as info:
             with TarWriter(f"{s3_bucket}/creds/out.tar", storage_options=options) as writer:
-                writer.write(_samples(1, 10)[0])
+                writer.write(make_samples(1, 10)[0])
         assert f"{s3_bucket}/creds/out.tar" in str(info.value)
         assert options["secret"] not in str(info.value) and options["key"] not in str(info.value)
         with pytest.raises(ShardIOError) as info:
@@ -391,7 +375,7 @@ def _job_inputs(fs_options, prefix):
     urls_ = []
     for s in range(NSHARDS):
         url = f"{prefix}/in-{s:03d}.tar"
-        _write_shard(url, [{"__key__": f"s{s:02d}x{i:03d}", "bin": os.urandom(2000), "cls": b"%d" % i}
+        write_shard(url, [{"__key__": f"s{s:02d}x{i:03d}", "bin": os.urandom(2000), "cls": b"%d" % i}
                            for i in range(PER_SHARD)], fs_options)
         urls_.append(url)
     return f"{prefix}/in-{{000..{NSHARDS - 1:03d}}}.tar"
