@@ -10,12 +10,13 @@ PYTEST_FLAGS ?= -q -p no:cacheprovider --durations=15
 # narrow a run: make test TESTS=tests/test_fixtures.py PYTEST_FLAGS="-q -x"
 TESTS ?=
 
-.PHONY: help setup demo test bench manifests clean-venv
+.PHONY: help setup lint demo test bench manifests clean-venv
 
 help:
 	@echo "make setup   create/refresh .venv (pinned by constraints.txt)"
 	@echo "make demo    setup, then run 'shardflow demo'"
-	@echo "make test    setup, then run the test suite (real S3/GCS/Dask servers on 127.0.0.1)"
+	@echo "make lint    setup, then ruff and the import-linter layer contract"
+	@echo "make test    setup, lint, then the test suite (real S3/GCS/Dask servers on 127.0.0.1)"
 	@echo "make bench   setup, then run bench/run.py"
 	@echo "make manifests  regenerate k8s/ and argo/ examples from jobs/augment.py"
 
@@ -25,14 +26,20 @@ setup:
 demo: setup
 	$(VENV)/bin/shardflow demo
 
-test: setup
+# ruff (pyflakes, pycodestyle, imports, bugbear) and the import-linter layer contract run first: fast,
+# and a broken layer or an unused import fails the build like a failing test
+lint: setup
+	$(VENV)/bin/ruff check shardflow tests bench jobs
+	$(VENV)/bin/lint-imports
+
+test: lint
 	$(PYTHON) -m pytest $(PYTEST_FLAGS) $(TESTS)
 
 bench: setup
 	$(PYTHON) bench/run.py
 
 manifests: setup
-	$(PYTHON) -m shardflow.manifests
+	$(PYTHON) -m shardflow.cluster.manifests
 
 clean-venv:
 	rm -rf $(VENV)

@@ -4,7 +4,8 @@
 - PNG encode at compress_level 1 vs Pillow's default 6 (why the Encoder defaults to 1): time and size.
 - Decoder over a whole sample, and Decoder(only=...) skipping the image.
 
-Run (after `pip install -e .`): python bench/bench_codecs.py [--size 512] [--repeat 50]. Images are synthetic but photo-like
+Run (after `pip install -e .`): python bench/bench_codecs.py [--size 512] [--repeat 50].
+Images are synthetic but photo-like
 (smooth gradients plus noise), so JPEG/PNG sizes are realistic rather than trivially compressible.
 """
 
@@ -58,14 +59,15 @@ def main() -> None:
     print(f"jpeg->rgb8  pillow {slow * 1e3:7.2f} ms   fast path {fast * 1e3:7.2f} ms   {slow / fast:.2f}x")
 
     for level in (1, 6, 9):
-        t = per_call(lambda: encode_value("png", img, png_compress_level=level), max(1, args.repeat // 5))
+        t = per_call(lambda level=level: encode_value("png", img, png_compress_level=level), max(1, args.repeat // 5))
         n = len(encode_value("png", img, png_compress_level=level))
         print(f"png encode  level {level}: {t * 1e3:7.2f} ms  {n:9d} B")
 
     sample = Encoder()({"__key__": "k", "jpg": img, "json": {"label": 3, "tags": ["a", "b"]}, "cls": 3})
-    decoders = {"Decoder('rgb8')": Decoder("rgb8"), "Decoder('rgb8', only='json cls')": Decoder("rgb8", only="json cls")}
+    decoders = {"Decoder('rgb8')": Decoder("rgb8"),
+                "Decoder('rgb8', only='json cls')": Decoder("rgb8", only="json cls")}
     for name, dec in decoders.items():
-        t = per_call(lambda: dec(sample), args.repeat)
+        t = per_call(lambda dec=dec: dec(sample), args.repeat)
         print(f"{name:34s} {1 / t:9.0f} samples/s")
 
 

@@ -32,10 +32,10 @@ import glob
 import hashlib
 import json
 import os
-import threading
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import warnings
 
@@ -48,9 +48,9 @@ for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(_name, "1")
 
 import shardflow as sf  # noqa: E402
-from shardflow.demo import write_synthetic_shards  # noqa: E402
-from shardflow.jobfile import load_job, load_job_file  # noqa: E402
-from shardflow.writer import TarWriter  # noqa: E402
+from shardflow.run.demo import write_synthetic_shards  # noqa: E402
+from shardflow.run.jobfile import load_job, load_job_file  # noqa: E402
+from shardflow.shards.writer import TarWriter  # noqa: E402
 
 
 def digests(directory: str) -> dict[str, str]:
@@ -265,7 +265,8 @@ def main() -> None:
             rate = total / best[variant]
             ratio = best["processes"] / best[variant] if "processes" in best else float("nan")
             cpu_ratio = cpu["processes"] / cpu[variant] if "processes" in cpu else float("nan")
-            print(f"{variant:10s} {rate:11.1f}   {ratio:11.2f}x   {cpu[variant] / total * 1000:13.1f}   {cpu_ratio:11.2f}x")
+            cpu_ms = cpu[variant] / total * 1000
+            print(f"{variant:10s} {rate:11.1f}   {ratio:11.2f}x   {cpu_ms:13.1f}   {cpu_ratio:11.2f}x")
         if "dask" in best and "recipe" in best:
             print(f"dask vs recipe: {best['recipe'] / best['dask']:.2f}x samples/s, "
                   f"{cpu['recipe'] / cpu['dask']:.2f}x less CPU per sample")
@@ -273,7 +274,8 @@ def main() -> None:
             per_task = overhead(root, args.tiny, args.workers, args.tiny_repeat)
             figures["overhead_ms_per_task"] = per_task
             p, d = per_task["processes"], per_task["dask"]
-            print(f"\nno-op job, {args.tiny} tasks, per task: processes {p['wall_ms']:.2f} ms wall / {p['cpu_ms']:.2f} ms CPU, "
+            print(f"\nno-op job, {args.tiny} tasks, per task: processes {p['wall_ms']:.2f} ms wall / "
+                  f"{p['cpu_ms']:.2f} ms CPU, "
                   f"dask {d['wall_ms']:.2f} ms wall / {d['cpu_ms']:.2f} ms CPU")
         if args.json:
             with open(args.json, "w") as f:

@@ -49,8 +49,8 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 import numpy as np  # noqa: E402
 
-from shardflow.samples import read_samples  # noqa: E402
-from shardflow.writer import ShardWriter, TarWriter  # noqa: E402
+from shardflow.shards.samples import read_samples  # noqa: E402
+from shardflow.shards.writer import ShardWriter, TarWriter  # noqa: E402
 
 MB = 1e6
 
@@ -210,8 +210,8 @@ def rss_kb():
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
 if which == "shardflow":
-    from shardflow.samples import read_samples
-    from shardflow.writer import ShardWriter
+    from shardflow.shards.samples import read_samples
+    from shardflow.shards.writer import ShardWriter
     base = rss_kb()
     n = 0
     with ShardWriter(dst + "-%06d.tar", maxcount=10**9, maxsize=1e13) as w:
@@ -251,7 +251,8 @@ def measure_memory(tmp: str, gb: float, sample_mb: float, methods=("shardflow", 
         code = _MEM_CHILD.format(root=os.path.dirname(HERE))
         for which in methods:
             dst = os.path.join(tmp, f"mem-out-{which}")
-            out = subprocess.run([sys.executable, "-c", code, which, src, dst], capture_output=True, text=True, check=True)
+            out = subprocess.run([sys.executable, "-c", code, which, src, dst], capture_output=True, text=True,
+                                 check=True)
             info = json.loads(out.stdout)
             info.update(method=which, shard_bytes=os.path.getsize(src), sample_bytes=sample_bytes,
                         growth_mb=(info["peak_kb"] - info["base_kb"]) * 1024 / MB)
@@ -271,7 +272,8 @@ def report(name: str, res: dict) -> list[str]:
     lines = [
         f"### {name}: {res['shards']} shards, {res['samples']} samples, {res['bytes'] / MB:.0f} MB",
         "",
-        "| method | best s | median s | samples/s | MB/s | vs webdataset | vs cat (MB/s) | CPU s | vs cat (MB per CPU s) |",
+        "| method | best s | median s | samples/s | MB/s | vs webdataset | vs cat (MB/s) | CPU s "
+        "| vs cat (MB per CPU s) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     wds_rate = m.get("webdataset", {}).get("samples_per_s")
@@ -340,8 +342,9 @@ def main() -> None:
             ]
             for r in mem:
                 mem_lines.append(
-                    f"| {r['method']} | {r['shard_bytes'] / 1e9:.2f} GB | {r['samples']} | {r['base_kb'] / 1024:.0f} MiB | "
-                    f"{r['peak_kb'] / 1024:.0f} MiB | {r['growth_mb']:.0f} MB | {r['growth_mb'] * MB / r['sample_bytes']:.1f} |"
+                    f"| {r['method']} | {r['shard_bytes'] / 1e9:.2f} GB | {r['samples']} | "
+                    f"{r['base_kb'] / 1024:.0f} MiB | {r['peak_kb'] / 1024:.0f} MiB | {r['growth_mb']:.0f} MB | "
+                    f"{r['growth_mb'] * MB / r['sample_bytes']:.1f} |"
                 )
             print("\n".join(mem_lines), flush=True)
             lines += mem_lines

@@ -43,8 +43,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from shardflow.demo import write_synthetic_shards  # noqa: E402
-from shardflow.jobfile import load_job, load_job_file  # noqa: E402
+from shardflow.run.demo import write_synthetic_shards  # noqa: E402
+from shardflow.run.jobfile import load_job, load_job_file  # noqa: E402
 
 JOB_FILE = REPO / "jobs" / "augment.py"
 
@@ -143,9 +143,9 @@ def run_loop(inputs: list[str], out: Path) -> tuple[float, float, int]:
             members = iter(tin)
 
             def flush() -> int:
-                if not sample:
+                if not sample:  # noqa: B023 - the sample being filled in this iteration, on purpose
                     return 0
-                encoded = encode(process(decode(sample)))
+                encoded = encode(process(decode(sample)))  # noqa: B023
                 for ext in sorted(k for k in encoded if not k.startswith("__")):
                     info = tarfile.TarInfo(f"{encoded['__key__']}.{ext}")
                     info.size = len(encoded[ext])
@@ -179,7 +179,8 @@ def interleaved(variants: dict, repeat: int, scratch: Path) -> dict[str, tuple[f
             print(f"  {label:10} run {attempt + 1}: {count} samples in {wall:.2f} s ({count / wall:.1f} samples/s), "
                   f"{cpu:.2f} CPU s ({cpu / count * 1e3:.1f} ms CPU per sample), {written / 1e6:.0f} MB written, "
                   f"load {os.getloadavg()[0]:.1f}", flush=True)
-    return {label: (min(r[0] for r in runs), min(r[1] for r in runs), runs[0][2], runs) for label, runs in results.items()}
+    return {label: (min(r[0] for r in runs), min(r[1] for r in runs), runs[0][2], runs)
+            for label, runs in results.items()}
 
 
 def round_ratios(ours: tuple, base: tuple) -> tuple[float, float]:
@@ -232,7 +233,8 @@ def main() -> None:
         if not args.dir:
             shutil.rmtree(scratch, ignore_errors=True)
     print()
-    print("| variant | samples/s (best) | CPU ms/sample (best) | vs baseline: samples/s (median of rounds) | CPU (median) |")
+    print("| variant | samples/s (best) | CPU ms/sample (best) | vs baseline: samples/s (median of rounds) "
+          "| CPU (median) |")
     print("|---|---:|---:|---:|---:|")
     for name, result, base in rows:
         wall, cpu, count, _ = result

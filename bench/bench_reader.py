@@ -42,8 +42,7 @@ import torch  # noqa: E402
 
 import shardflow as sf  # noqa: E402
 from shardflow.codecs import Decoder  # noqa: E402
-from shardflow.writer import ShardWriter  # noqa: E402
-
+from shardflow.shards.writer import ShardWriter  # noqa: E402
 
 # ------------------------------------------------------------------------------------- data
 
@@ -129,7 +128,7 @@ def _cpu() -> float:
 def consume(loader, t0, gpu, cpu0):
     first = None
     n = 0
-    for images, labels in loader:
+    for images, _labels in loader:
         if first is None:
             if gpu:
                 torch.cuda.synchronize()

@@ -3,7 +3,7 @@
 What it measures (each method runs in a fresh subprocess, so peak RSS and disk writes are its own):
 
   s3fs_read            plain s3fs: fs.open(rb, block_size=8 MiB).read(8 MiB) until EOF (read limit)
-  shardflow_read       urls.open_read + read_samples: every sample of every shard, raw bytes
+  shardflow_read       schemes.open_read + read_samples: every sample of every shard, raw bytes
   wds_pipe_read        webdataset 1.0 WebDataset over `pipe:` URLs (a small python s3fs cat)
   wds_fsspec_read      webdataset's tar iterator over an s3fs file object (block_size 8 MiB)
   s3fs_copy            plain s3fs streamed copy of the same objects, object by object (copy limit)
@@ -64,9 +64,8 @@ def _options(endpoint: str) -> dict:
 def run_worker(method: str, spec: dict) -> dict:
     import fsspec
 
-    from shardflow import urls
-    from shardflow.samples import read_samples
-    from shardflow.writer import ShardWriter
+    from shardflow.shards.samples import read_samples
+    from shardflow.shards.writer import ShardWriter
 
     options = _options(spec["endpoint"])
     inputs: list[str] = spec["inputs"]
@@ -155,7 +154,7 @@ def _identity(sample):
 
 
 def _make_shards(fs_options, bucket, nshards, shard_mb, sample_kb, prefix="in", seed=0):
-    from shardflow.writer import TarWriter
+    from shardflow.shards.writer import TarWriter
 
     rnd = random.Random(seed)
     per_shard = max(1, shard_mb * 1024 // sample_kb)

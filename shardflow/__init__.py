@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .errors import (
+from shardflow.errors import (
     DecodeError,
     EncodeError,
     FormatError,
@@ -20,10 +20,12 @@ from .errors import (
     ShardIOError,
     SkipSample,
 )
-from .samples import iter_samples, read_samples, split_name
-from .tario import iter_members
-from .urls import expand, open_read, open_write
-from .writer import ShardInfo, ShardWriter, TarWriter
+from shardflow.shards.keys import split_name
+from shardflow.shards.samples import iter_samples, read_samples
+from shardflow.shards.tar_read import iter_members
+from shardflow.shards.writer import ShardInfo, ShardWriter, TarWriter
+from shardflow.storage.schemes import open_read, open_write
+from shardflow.storage.specs import expand
 
 __version__ = "0.1.0"
 
@@ -31,13 +33,13 @@ _LAZY = {
     "Decoder": "shardflow.codecs",
     "Encoder": "shardflow.codecs",
     "register_codec": "shardflow.codecs",
-    "ShardJob": "shardflow.job",
-    "sample_rng": "shardflow.task",
-    "sample_seed": "shardflow.task",
-    "Task": "shardflow.task",
-    "run_task": "shardflow.task",
-    "RunDir": "shardflow.rundir",
-    "RunReport": "shardflow.report",
+    "ShardJob": "shardflow.run.job",
+    "sample_rng": "shardflow.run.seeds",
+    "sample_seed": "shardflow.run.seeds",
+    "Task": "shardflow.run.task",
+    "run_task": "shardflow.run.run_task",
+    "RunDir": "shardflow.run.rundir",
+    "RunReport": "shardflow.run.report",
     "ShardDataset": "shardflow.reader",
     "Loader": "shardflow.reader",
 }

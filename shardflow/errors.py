@@ -6,6 +6,10 @@ that a failure in a run over 100,000 shards can be found and fixed without a deb
 
 from __future__ import annotations
 
+import warnings
+from enum import Enum
+from typing import Callable
+
 
 class ShardflowError(Exception):
     """Base class: a reason plus the location (url, key, offset) it applies to."""
@@ -85,3 +89,50 @@ class SkipSample(Exception):
     def __init__(self, reason: str = "skipped") -> None:
         self.reason = reason
         super().__init__(reason)
+
+
+class ShardflowWarning(UserWarning):
+    """Issued for each skipped problem when on_error="warn"."""
+
+
+# -- the error policy: one definition for the library, jobs and the reader ---------------------------
+RAISE, SKIP, WARN = "raise", "skip", "warn"
+ON_ERROR = (RAISE, SKIP, WARN)
+
+# Each entry point keeps the default its users rely on: a library read stops at the first problem,
+# a job skips and logs (one bad sample must not kill a run over 100,000 shards), and the training
+# reader warns and goes on (a DataLoader worker that raises ends the epoch).
+DEFAULT_ON_ERROR_READ = RAISE
+DEFAULT_ON_ERROR_JOB = SKIP
+DEFAULT_ON_ERROR_READER = WARN
+
+
+def check_on_error(value: str, *, error: type[Exception] = ValueError) -> str:
+    """Validate an on_error value; `error` is the exception type the caller's users expect."""
+    if value not in ON_ERROR:
+        raise error(f"on_error must be one of {ON_ERROR}, got {value!r}")
+    return value
+
+
+def apply_policy(error: ShardflowError, on_error: str, report: Callable[[ShardflowError], None] | None = None,
+                 *, stacklevel: int = 3) -> None:
+    """What every layer does with a bad sample or damaged region: raise it, or warn (on_error="warn")
+    and hand it to `report` so the caller can count or log it."""
+    if on_error == RAISE:
+        raise error
+    if on_error == WARN:
+        warnings.warn(str(error), ShardflowWarning, stacklevel=stacklevel)
+    if report is not None:
+        report(error)
+
+
+class FailureKind(str, Enum):
+    """How a failed task should be treated; stored as its value ("input", "io", "user") in the run
+    directory and mapped onto worker exit codes (cluster.contract)."""
+
+    INPUT = "input"  # bad input or a broken job function: retrying gives the same result
+    IO = "io"  # storage/network trouble that outlived the retries: worth retrying later
+    USER = "user"  # the job function raised and the policy is on_error="raise"
+
+    __str__ = str.__str__
+    __format__ = str.__format__

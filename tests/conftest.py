@@ -265,7 +265,8 @@ class S3Server(_Server):
         }]}, indent=1))
         # Every bucket is a SeaweedFS "collection" and the first write into one grows 7 volumes by
         # default: with many test buckets the server runs out of volume slots. Grow one at a time.
-        (self.workdir / "master.toml").write_text("[master.volume_growth]\ncopy_1 = 1\ncopy_2 = 1\ncopy_3 = 1\ncopy_other = 1\n")
+        (self.workdir / "master.toml").write_text(
+            "[master.volume_growth]\ncopy_1 = 1\ncopy_2 = 1\ncopy_3 = 1\ncopy_other = 1\n")
 
     def command(self) -> list[str]:
         sock_dir = self.workdir if len(str(self.workdir)) < 80 else Path(tempfile.gettempdir())
@@ -484,7 +485,8 @@ class DaskCluster:
         self._n = 0
         self._monitor = None  # a Client kept open to poll the scheduler
         # Workers import functions pickled by reference from test modules (rootdir-inserted tests/).
-        pythonpath = [str(TESTS_DIR), str(REPO_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        pythonpath = [str(TESTS_DIR), str(REPO_ROOT)] + inherited
         self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(pythonpath),
                     "DASK_DISTRIBUTED__WORKER__DAEMON": "False",  # tasks may start processes
                     "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -581,7 +583,8 @@ class DaskCluster:
         return Client(self.address, timeout=timeout, set_as_default=False, **kwargs)
 
     def log(self, name: str = "scheduler", nbytes: int = 4000) -> str:
-        return log_tail(self.workdir / f"{name}.log" if name == "scheduler" else self.workdir / f"worker-{name}.log", nbytes)
+        path = self.workdir / (f"{name}.log" if name == "scheduler" else f"worker-{name}.log")
+        return log_tail(path, nbytes)
 
     def close(self) -> None:
         if self._monitor is not None:

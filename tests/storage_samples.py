@@ -1,10 +1,10 @@
-"""Sample and shard helpers shared by the object-store tests (test_s3.py, test_gcs.py)."""
+"""Sample and shard helpers shared by the object-store tests (test_storage_contract.py, test_s3.py, test_gcs.py)."""
 
 from __future__ import annotations
 
 import random
 
-from shardflow.writer import TarWriter
+from shardflow.shards.writer import TarWriter
 
 
 def make_samples(n: int, size: int, seed: int = 0, prefix: str = "k") -> list[dict]:

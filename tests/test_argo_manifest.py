@@ -10,12 +10,12 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from hera.workflows.models import Workflow
+from test_k8s_helpers import argo_expression, make_shards, write_job_file
 
 from shardflow.cli import main
-from shardflow.jobfile import load_job
-from shardflow.manifests import ClusterOptions, manifest, render_options
-from shardflow.manifests.argo import FINALIZE_RETRY_EXPRESSION, RETRY_EXPRESSION
-from test_k8s_helpers import argo_expression, make_shards, write_job_file
+from shardflow.cluster.manifests import ClusterOptions, manifest, render_options
+from shardflow.cluster.manifests.argo import FINALIZE_RETRY_EXPRESSION, RETRY_EXPRESSION
+from shardflow.run.jobfile import load_job
 
 
 def workflow_for(**kw) -> dict:

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from shardflow.cli import main
-from shardflow.writer import ShardWriter, TarWriter
+from shardflow.shards.writer import ShardWriter, TarWriter
 
 
 def run(*args, input=None):
@@ -135,7 +135,8 @@ def test_stats_totals_over_a_spec(shards):
     assert got["shards"] == 3 and got["samples"] == 12 and got["members"] == 30
     assert got["data_bytes"] == data_bytes
     assert got["stored_bytes"] == sum(i.nbytes for i in infos)
-    assert got["extensions"]["jpg"] == {"count": 12, "bytes": sum(1000 + i for i in range(12)), "min": 1000, "max": 1011}
+    total = sum(1000 + i for i in range(12))
+    assert got["extensions"]["jpg"] == {"count": 12, "bytes": total, "min": 1000, "max": 1011}
     assert got["extensions"]["json"]["count"] == 6 and got["bad_shards"] == 0
     text = run("stats", str(tmp_path / "d-*.tar")).stdout
     assert "samples       12" in text and "jpg" in text and "json" in text

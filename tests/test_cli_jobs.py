@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-
-from shardflow.samples import read_samples
 from test_job_support import cli, make_shards, spec, tars, write_job
+
+from shardflow.shards.samples import read_samples
 
 COPY_JOB = """
     '''Copies jpg and json; fails on request.'''
@@ -147,7 +146,8 @@ def test_demo_runs_end_to_end(tmp_path):
 def test_run_on_a_dask_cluster_by_address(setup, dask_cluster):
     """--backend dask --address: the job file reaches the cluster's workers by value (not importable there)."""
     tmp_path, job, base = setup
-    done = cli("run", job, "--inputs", spec(tmp_path / "in", "in", 2), "--outputs", str(tmp_path / "out" / "{name}.tar"),
+    done = cli("run", job, "--inputs", spec(tmp_path / "in", "in", 2),
+               "--outputs", str(tmp_path / "out" / "{name}.tar"),
                "--backend", "dask", "--address", dask_cluster.address, "--set", "fail_on=s000002")
     assert done.returncode == 0, done.stderr
     assert "2/2 tasks done" in done.stdout and "8 in, 7 out" in done.stdout

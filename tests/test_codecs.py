@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from shardflow import codecs
 from shardflow.codecs import (
     IMAGE_SPECS,
     Decoder,
@@ -27,6 +26,7 @@ from shardflow.codecs import (
     register_codec,
     unregister_codec,
 )
+from shardflow.codecs import registry as codecs
 from shardflow.errors import DecodeError, EncodeError
 
 H, W = 32, 48  # not square, so HW/WH mix-ups show

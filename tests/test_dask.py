@@ -4,7 +4,6 @@ dask_cluster) and a LocalCluster. Nothing is mocked: workers are SIGKILLed, the 
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import os
@@ -20,10 +19,10 @@ pytest.importorskip("distributed", reason="dask.distributed is not installed (pi
 import shardflow as sf  # noqa: E402
 from shardflow.backends.dask import execute_dask  # noqa: E402
 from shardflow.errors import JobError  # noqa: E402
-from shardflow.jobfile import load_job  # noqa: E402
-from shardflow.progress import Progress  # noqa: E402
-from shardflow.samples import read_samples  # noqa: E402
-from shardflow.writer import TarWriter  # noqa: E402
+from shardflow.run.jobfile import load_job  # noqa: E402
+from shardflow.run.progress import Progress  # noqa: E402
+from shardflow.shards.samples import read_samples  # noqa: E402
+from shardflow.shards.writer import TarWriter  # noqa: E402
 
 PER_SHARD = 12
 
@@ -409,7 +408,8 @@ def test_cli_run_with_backend_dask(dask_cluster, dask_client, tmp_path):
 
     spec = make_shards(tmp_path / "in", 2)
     jobfile = tmp_path / "upper.py"
-    jobfile.write_text("def process(sample):\n    return {'__key__': sample['__key__'], 'txt': sample['txt'].upper()}\n")
+    jobfile.write_text("def process(sample):\n"
+                       "    return {'__key__': sample['__key__'], 'txt': sample['txt'].upper()}\n")
     command = [sys.executable, "-m", "shardflow.cli", "run", str(jobfile), "--backend", "dask",
                "--address", dask_cluster.address, "--inputs", spec, "--outputs", str(tmp_path / "out" / "{name}.tar"),
                "--no-progress"]

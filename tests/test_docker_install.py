@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from test_k8s_helpers import copy_tree_without, input_keys, make_shards, output_keys
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -118,7 +117,7 @@ def test_image_install_runs_a_reshard(tmp_path):
     context = tmp_path / "context"
     ignored = dockerignore()
     copy_tree_without(ROOT, context, lambda rel: ignored(rel) or rel.startswith((".venv/", ".git/")))
-    assert not (context / "tests").exists() and (context / "shardflow" / "worker.py").exists()
+    assert not (context / "tests").exists() and (context / "shardflow" / "cluster" / "worker.py").exists()
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     bin_dir = env_dir / "bin"

@@ -11,9 +11,10 @@ import subprocess
 
 import pytest
 
-from shardflow.samples import read_samples, split_name
-from shardflow.tario import iter_members
-from shardflow.writer import ShardWriter, TarWriter
+from shardflow.shards.keys import split_name
+from shardflow.shards.samples import read_samples
+from shardflow.shards.tar_read import iter_members
+from shardflow.shards.writer import ShardWriter, TarWriter
 
 wds = pytest.importorskip("webdataset")
 TAR = shutil.which("tar")
@@ -190,7 +191,8 @@ def test_we_read_gnu_tar_archives(tmp_path, fmt, gz):
     files = make_tree(src)
     out = tmp_path / ("t.tgz" if gz else "t.tar")
     flags = "-czf" if gz else "-cf"
-    subprocess.run([TAR, f"--format={fmt}", "--sort=name", flags, str(out), "-C", str(src), "a.b", "e", "x", "deep-" + "d" * 70],
+    subprocess.run([TAR, f"--format={fmt}", "--sort=name", flags, str(out), "-C", str(src),
+                    "a.b", "e", "x", "deep-" + "d" * 70],
                    check=True, capture_output=True)
     listed = subprocess.run([TAR, "tf", str(out)], check=True, capture_output=True, text=True).stdout.splitlines()
     assert any(n.endswith("/") for n in listed), "tar should have stored directory entries"

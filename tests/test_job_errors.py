@@ -14,10 +14,10 @@ from pathlib import Path
 import fsspec
 import pytest
 from fsspec.implementations.local import LocalFileSystem
+from test_job_support import errors_logged, keys_in, make_shards, tars, temp_files
 
 import shardflow as sf
 from shardflow.errors import JobError
-from test_job_support import errors_logged, keys_in, make_shards, tars, temp_files
 
 
 def copy_fn(sample):

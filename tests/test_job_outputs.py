@@ -8,12 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_job_support import file_bytes, keys_in, make_shards, spec, tars
 
 import shardflow as sf
 from shardflow.errors import JobError
-from shardflow.jobfile import load_job
-from shardflow.samples import read_samples
-from test_job_support import file_bytes, keys_in, make_shards, spec, tars
+from shardflow.run.jobfile import load_job
+from shardflow.shards.samples import read_samples
 
 
 @pytest.fixture(scope="module")

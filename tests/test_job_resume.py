@@ -10,9 +10,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-
-from shardflow.samples import read_samples
 from test_job_support import cli, cli_popen, keys_in, make_shards, spec, tars, temp_files, write_job
+
+from shardflow.shards.samples import read_samples
 
 SLOW_JOB = """
     '''Copies samples slowly (so a run can be interrupted), rolling over every 5 samples.'''
@@ -32,7 +32,8 @@ SHARDS, PER_SHARD = 12, 16
 def slow_run(tmp_path):
     make_shards(tmp_path / "in", SHARDS, PER_SHARD)
     job = write_job(tmp_path, SLOW_JOB, "slow.py")
-    args = ["run", job, "--inputs", spec(tmp_path / "in", "in", SHARDS), "--outputs", str(tmp_path / "out" / "{name}.tar"),
+    args = ["run", job, "--inputs", spec(tmp_path / "in", "in", SHARDS),
+            "--outputs", str(tmp_path / "out" / "{name}.tar"),
             "--workers", "2", "--no-progress"]
     return tmp_path, args
 

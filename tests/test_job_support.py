@@ -19,8 +19,9 @@ from typing import Any, Iterable
 import numpy as np
 from PIL import Image
 
-from shardflow.samples import read_samples
-from shardflow.writer import TEMP_MARK, TarWriter
+from shardflow.shards.samples import read_samples
+from shardflow.shards.writer import TarWriter
+from shardflow.storage.atomic import TEMP_MARK
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -7,12 +7,17 @@ import sys
 
 import cloudpickle
 import pytest
+from test_job_support import cli_env, keys_in, make_shards, spec, tars, write_job
 
 from shardflow.errors import JobError
-from shardflow.jobfile import (
-    builtin_jobs, job_options, load_job, load_job_file, parse_overrides, resolve_job_path,
+from shardflow.run.jobfile import (
+    builtin_jobs,
+    job_options,
+    load_job,
+    load_job_file,
+    parse_overrides,
+    resolve_job_path,
 )
-from test_job_support import cli_env, keys_in, make_shards, spec, tars, write_job
 
 JOB = """
     '''a test job: copies samples and tags them.'''
@@ -104,7 +109,8 @@ def test_syntax_error_names_file_and_line(tmp_path):
 
 def test_error_while_the_file_runs_names_file_and_line(tmp_path):
     path = write_job(tmp_path, "import os\nx = 1\nimport no_such_module_here\n", "imports.py")
-    with pytest.raises(JobError, match=r"imports.py, line 3: ModuleNotFoundError: No module named 'no_such_module_here'"):
+    expected = r"imports.py, line 3: ModuleNotFoundError: No module named 'no_such_module_here'"
+    with pytest.raises(JobError, match=expected):
         load_job_file(path)
 
 
@@ -158,6 +164,6 @@ def test_job_file_runs_on_worker_processes(tmp_path):
     assert report.ok, str(report)
     outputs = tars(tmp_path / "out")
     assert sum(keys_in(outputs).values()) == 10
-    from shardflow.samples import read_samples
+    from shardflow.shards.samples import read_samples
 
     assert {s["txt"] for p in outputs for s in read_samples(str(p))} == {b"proc-1"}

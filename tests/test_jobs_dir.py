@@ -9,18 +9,17 @@ import shutil
 import subprocess
 import sys
 import zipfile
-from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
+from test_job_support import REPO, spec, tars
 
 from shardflow.codecs import Decoder
 from shardflow.errors import JobError
-from shardflow.jobfile import BUILTIN_DIR, builtin_jobs, load_job, load_job_file
-from shardflow.samples import read_samples
-from shardflow.writer import TarWriter
-from test_job_support import REPO, keys_in, make_shards, spec, tars
+from shardflow.run.jobfile import BUILTIN_DIR, builtin_jobs, load_job, load_job_file
+from shardflow.shards.samples import read_samples
+from shardflow.shards.writer import TarWriter
 
 JOBS = REPO / "jobs"
 NAMES = ["augment", "filter", "reshard", "resize"]
@@ -61,7 +60,8 @@ def test_wheel_ships_the_builtin_jobs(tmp_path):
         names = set(zf.namelist())
         zf.extractall(tmp_path / "site")
     assert {f"shardflow/jobs_builtin/{n}.py" for n in NAMES} <= names
-    code = "from shardflow.jobfile import resolve_job_path, job_summary; print(resolve_job_path('augment')); print(job_summary('reshard'))"
+    code = ("from shardflow.run.jobfile import resolve_job_path, job_summary; "
+            "print(resolve_job_path('augment')); print(job_summary('reshard'))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=60,
                           env={"PYTHONPATH": str(tmp_path / "site"), "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr
@@ -86,14 +86,15 @@ def photos(tmp_path_factory):
                 Image.fromarray(pixels).save(buf, "JPEG", quality=90)
                 sample = {"__key__": f"p{index:03d}", "jpg": buf.getvalue()}
                 if index != 6:
-                    sample["json"] = json.dumps({"label": index % 3, "index": index, "meta": {"src": "a" if index < 4 else "b"}}).encode()
+                    meta = {"src": "a" if index < 4 else "b"}
+                    sample["json"] = json.dumps({"label": index % 3, "index": index, "meta": meta}).encode()
                 writer.write(sample)
                 index += 1
     return directory
 
 
 def _run(name, photos, out, *settings, backend="serial"):
-    from shardflow.jobfile import parse_overrides
+    from shardflow.run.jobfile import parse_overrides
 
     job = load_job(name, inputs=spec(photos, "in", 2), outputs=str(out / "{name}.tar"),
                    overrides=parse_overrides(settings))
@@ -162,9 +163,10 @@ def test_filter_by_labels_fields_and_image_size(photos, tmp_path):
 
 
 def test_reshard_repacks_without_decoding(photos, tmp_path):
-    from shardflow.jobfile import parse_overrides
+    from shardflow.run.jobfile import parse_overrides
 
-    job = load_job("reshard", inputs=spec(photos, "in", 2), outputs=str(tmp_path / "out" / "r-{task:02d}-{part:02d}.tar"),
+    job = load_job("reshard", inputs=spec(photos, "in", 2),
+                   outputs=str(tmp_path / "out" / "r-{task:02d}-{part:02d}.tar"),
                    overrides=parse_overrides(["inputs_per_task=2", "maxcount=3"]))
     assert job.decode is None
     report = job.run("serial")

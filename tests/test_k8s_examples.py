@@ -10,10 +10,10 @@ import kubernetes_validate
 import pytest
 import yaml
 from click.testing import CliRunner
+from test_argo_manifest import validate_workflow
 
 from shardflow.cli import main
-from shardflow.manifests import examples
-from test_argo_manifest import validate_workflow
+from shardflow.cluster.manifests import examples
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,7 +31,7 @@ def generated(tmp_path_factory) -> dict[str, str]:
 
 def test_examples_match_the_generator(generated):
     stale = [rel for rel, text in generated.items() if not (ROOT / rel).exists() or (ROOT / rel).read_text() != text]
-    assert not stale, f"{stale} out of date: run `python -m shardflow.manifests`"
+    assert not stale, f"{stale} out of date: run `python -m shardflow.cluster.manifests`"
     assert set(generated) == {"k8s/augment-job.yaml", "k8s/kustomization.yaml", "argo/augment-workflow.yaml"}
 
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from shardflow.samples import read_samples
-from shardflow.writer import TarWriter
+from shardflow.shards.samples import read_samples
+from shardflow.shards.writer import TarWriter
 
 JOB_FILE = '''"""identity: copies each sample (optionally slowly, to be killed mid-task)."""
 import time

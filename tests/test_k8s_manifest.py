@@ -9,12 +9,12 @@ import kubernetes_validate
 import pytest
 import yaml
 from click.testing import CliRunner
+from test_k8s_helpers import make_shards, write_job_file
 
 from shardflow.cli import main
+from shardflow.cluster.manifests import ClusterOptions, manifest, render_options
 from shardflow.errors import JobError
-from shardflow.jobfile import load_job
-from shardflow.manifests import ClusterOptions, manifest, render_options
-from test_k8s_helpers import make_shards, write_job_file
+from shardflow.run.jobfile import load_job
 
 # the oldest Kubernetes with everything the Job uses on by default (backoffLimitPerIndex and
 # podReplacementPolicy beta since 1.29), and the newest schema kubernetes-validate ships

@@ -8,13 +8,21 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
+from test_k8s_helpers import (
+    Kill,
+    glob_temps,
+    input_keys,
+    make_shards,
+    output_keys,
+    run_indexed_job,
+    run_workflow,
+    temp_files,
+    write_job_file,
+)
 
 from shardflow.cli import main
-from shardflow.rundir import RunDir
-from shardflow.samples import read_samples
-from test_k8s_helpers import (
-    Kill, glob_temps, input_keys, make_shards, output_keys, run_indexed_job, run_workflow, temp_files, write_job_file,
-)
+from shardflow.run.rundir import RunDir
+from shardflow.shards.samples import read_samples
 
 SHARDS, PER_SHARD = 6, 4
 

@@ -20,11 +20,11 @@ torch = pytest.importorskip("torch")
 psutil = pytest.importorskip("psutil")
 
 import shardflow as sf  # noqa: E402
-from shardflow import ShardDataset, Loader  # noqa: E402
+from shardflow import Loader, ShardDataset  # noqa: E402
 from shardflow.codecs import Decoder  # noqa: E402
 from shardflow.errors import DecodeError, ShardIOError  # noqa: E402
-from shardflow.tario import TarStreamWriter  # noqa: E402
-from shardflow.writer import ShardWriter  # noqa: E402
+from shardflow.shards.tar_write import TarStreamWriter  # noqa: E402
+from shardflow.shards.writer import ShardWriter  # noqa: E402
 
 COUNTS = [7, 11, 5, 9, 13, 3]  # 48 samples in 6 shards of unequal size
 
@@ -486,9 +486,9 @@ def test_missing_shard_is_an_error_naming_it(data, on_error):
 def test_gpu_decode_falls_back_to_cpu_without_a_gpu(data):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: bench/bench_reader.py --gpu exercises that path")
-    import shardflow.reader
+    from shardflow.reader.warn_once import warned
 
-    shardflow.reader._warned.clear()  # said once per process: make sure this test sees it
+    warned.clear()  # said once per process: make sure this test sees it
     with pytest.warns(UserWarning, match="no CUDA device"):
         ds = ShardDataset(data["m"], decode="torchrgb8-gpu", batch_size=6)
     assert not ds.gpu_decode

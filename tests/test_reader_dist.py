@@ -134,7 +134,7 @@ def test_two_shards_six_consumers_and_reruns_are_identical(datasets):
     again = run_ranks(2, runs, seed_env="2")
     for _, stderr in first:  # said once per process, not per worker or epoch
         assert stderr.count("2 shards for 6 readers (2 ranks x 3 workers): splitting inside shards") == 1
-    for i, run in enumerate(runs):
+    for i, _run in enumerate(runs):
         got = [first[rank][0][i]["epochs"][0]["keys"] for rank in range(2)]
         assert got == [again[rank][0][i]["epochs"][0]["keys"] for rank in range(2)]
         assert sorted(got[0] + got[1]) == sorted(datasets["two"][1])

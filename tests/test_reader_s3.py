@@ -12,11 +12,12 @@ import pytest
 pytest.importorskip("s3fs")
 torch = pytest.importorskip("torch")
 
-from shardflow import Loader, ShardDataset, urls  # noqa: E402
-from shardflow.errors import ShardIOError  # noqa: E402
-from shardflow.writer import ShardWriter  # noqa: E402
-
 from test_reader import jpeg, keys_of  # noqa: E402
+
+from shardflow import Loader, ShardDataset  # noqa: E402
+from shardflow.errors import ShardIOError  # noqa: E402
+from shardflow.shards.writer import ShardWriter  # noqa: E402
+from shardflow.storage.schemes import open_write  # noqa: E402
 
 
 def test_s3_reader_with_cache(s3_server, s3_bucket, tmp_path):
@@ -29,7 +30,7 @@ def test_s3_reader_with_cache(s3_server, s3_bucket, tmp_path):
             keys.append(f"k{i:03d}")
     infos = writer.shards
     assert len(infos) == 4
-    with urls.open_write(f"{base}/_shardflow/summary.json", options) as f:
+    with open_write(f"{base}/_shardflow/summary.json", options) as f:
         f.write(json.dumps({"shards": [x.to_json() for x in infos]}).encode())
 
     cache = tmp_path / "cache"

@@ -1,4 +1,4 @@
-"""The splitting rules of the reader (shardflow.split), checked exhaustively on small cases.
+"""The splitting rules of the reader (shardflow.reader.split), checked exhaustively on small cases.
 
 These are pure functions of integers; the end-to-end tests with real DataLoader worker processes and
 RANK/WORLD_SIZE are in test_reader_dist.py.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from shardflow.split import (
+from shardflow.reader.split import (
     Consumer,
     assign,
     batch_count,
@@ -109,7 +109,7 @@ def test_worker_parts_are_whole_batches_and_cover_the_rank():
     for n, workers, b, partial in itertools.product(range(0, 40), (1, 2, 3, 5), (None, 1, 4, 7), (True, False)):
         parts = [worker_part(n, workers, w, b, partial) for w in range(workers)]
         assert parts[0][0] == 0
-        for (a0, b0), (a1, _) in zip(parts, parts[1:]):
+        for (_a0, b0), (a1, _) in zip(parts, parts[1:]):
             assert b0 == a1
         used = parts[-1][1]
         assert used == (n if partial else (n // (b or 1)) * (b or 1))
@@ -137,7 +137,7 @@ def test_shard_order_depends_on_seed_and_epoch_only():
 
 def test_mix_is_stable_across_processes():
     """mix() must not depend on Python's per-process hash salt."""
-    code = "from shardflow.split import mix; print(mix(1, 2, 3), mix(2**70, -5))"
+    code = "from shardflow.reader.split import mix; print(mix(1, 2, 3), mix(2**70, -5))"
     outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={**os.environ, "PYTHONHASHSEED": str(s),
                                 "PYTHONPATH": str(Path(__file__).resolve().parents[1])}).stdout for s in (1, 2)}

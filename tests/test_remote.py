@@ -17,21 +17,10 @@ import threading
 import fsspec
 import pytest
 
-from shardflow import urls
 from shardflow.errors import ShardIOError
-from shardflow.remote import (
-    FATAL,
-    THROTTLED,
-    TRANSIENT,
-    ObjectChangedError,
-    RemoteReader,
-    RetryPolicy,
-    call_with_retries,
-    classify,
-    make_abort_on_gc,
-)
-from shardflow.samples import read_samples
-from shardflow.storage_options import (
+from shardflow.shards.samples import read_samples
+from shardflow.shards.writer import TarWriter
+from shardflow.storage.options import (
     REDACTED,
     options_for,
     parse_storage_options,
@@ -41,7 +30,11 @@ from shardflow.storage_options import (
     secret_values,
     strip_redacted,
 )
-from shardflow.writer import TarWriter
+from shardflow.storage.remote_read import RemoteReader
+from shardflow.storage.retry import FATAL, THROTTLED, TRANSIENT, RetryPolicy, call_with_retries, classify
+from shardflow.storage.schemes import open_read
+from shardflow.storage.sources import ObjectChangedError
+from shardflow.storage.upload import make_abort_on_gc
 
 FAST = RetryPolicy(attempts=5, base_delay=0.01, max_delay=0.05, deadline=10)
 
@@ -204,7 +197,8 @@ class _Resp(Exception):
 def test_classify():
     assert classify(ConnectionResetError("reset")) == TRANSIENT
     assert classify(TimeoutError()) == TRANSIENT
-    assert classify(OSError(5, "An error occurred (SlowDown) when calling GetObject: reduce your request rate")) == THROTTLED
+    slow_down = "An error occurred (SlowDown) when calling GetObject: reduce your request rate"
+    assert classify(OSError(5, slow_down)) == THROTTLED
     assert classify(_Resp(429)) == THROTTLED
     assert classify(_Resp(503)) == TRANSIENT
     assert classify(FileNotFoundError("x")) == FATAL
@@ -434,14 +428,14 @@ def test_reader_reports_truncation_not_a_short_shard(http_store):
 
 def test_open_read_http_returns_resumable_reader(http_store):
     http_store.objects["/s.tar"] = _shard_bytes(n=3)
-    stream = urls.open_read(f"{http_store.base}/s.tar", block_size=64 * 1024)
+    stream = open_read(f"{http_store.base}/s.tar", block_size=64 * 1024)
     try:
         assert isinstance(stream, RemoteReader)
         assert [s["__key__"] for s in read_samples(stream, "x")] == ["s/00000", "s/00001", "s/00002"]
     finally:
         stream.close()
     with pytest.raises(ShardIOError, match="no such file"):
-        urls.open_read(f"{http_store.base}/missing.tar")
+        open_read(f"{http_store.base}/missing.tar")
 
 
 # ------------------------------------------------------------------------------------------------

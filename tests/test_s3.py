@@ -1,103 +1,41 @@
-"""Streaming S3 end to end against a real S3 server on 127.0.0.1 (the `s3_server` fixture).
+"""S3-specific behaviour against a real S3 server on 127.0.0.1 (the `s3_server` fixture).
 
-Round trips through ShardWriter/TarWriter and read_samples, multipart uploads aborted on error and
-on garbage collection, a read that survives the server being stopped and restarted, an object
-replaced during a read, bucket globs with one listing, and credentials kept out of every message.
+What every store must do (round trips, failed and dropped writes publishing nothing, a read across a
+server restart, an object replaced during a read, globs) is the storage contract, run on S3 among
+others in test_storage_contract.py. Here: per-prefix options, open_write's multipart upload dropped
+without close, a server that stays down, an object deleted during a read, one server-side-prefix
+listing per glob, credentials kept out of every message, and jobs over S3 killed and resumed.
 """
 
 from __future__ import annotations
 
 import gc
-import hashlib
 import os
-import threading
 import time
 import traceback
 
 import fsspec
 import pytest
-
-from shardflow import urls
-from shardflow.errors import ShardIOError
-from shardflow.remote import ObjectChangedError, RemoteReader, RetryPolicy
-from shardflow.samples import read_samples
-from shardflow.writer import ShardWriter, TarWriter
 from storage_samples import make_samples, strip_url, write_shard
+
+from shardflow.errors import ShardIOError
+from shardflow.shards.samples import read_samples
+from shardflow.shards.writer import TarWriter
+from shardflow.storage.retry import RetryPolicy
+from shardflow.storage.schemes import open_read, open_write
+from shardflow.storage.specs import expand
 
 pytest.importorskip("s3fs")
 
 MB = 2**20
 
 
-class Boom(Exception):
-    pass
-
-
 def _fs(s3_server):
     return fsspec.filesystem("s3", skip_instance_cache=True, **s3_server.storage_options)
 
 
-def _eventually(check, timeout=20.0):
-    """Wait for `check()` to hold: TarWriter hands bytes to the upload on a background thread."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.02)
-
-
-def _multipart_uploads(s3_server, bucket, key):
-    import boto3
-
-    client = boto3.client(
-        "s3",
-        endpoint_url=s3_server.endpoint_url,
-        aws_access_key_id=s3_server.key,
-        aws_secret_access_key=s3_server.secret,
-        region_name="us-east-1",
-    )
-    try:
-        out = client.list_multipart_uploads(Bucket=bucket, Prefix=key)
-    except Exception as exc:  # noqa: BLE001 - a server without the call: nothing to check
-        pytest.skip(f"server cannot list multipart uploads: {exc}")
-    return [u for u in out.get("Uploads", []) if u["Key"] == key]
-
-
 # ------------------------------------------------------------------------------------------------
-# round trips
-
-
-def test_shardwriter_round_trip(s3_server, s3_bucket):
-    options = s3_server.storage_options
-    samples = make_samples(35, 20_000)
-    with ShardWriter(f"{s3_bucket}/rt/shard-%06d.tar", maxcount=10, storage_options=options) as writer:
-        for sample in samples:
-            writer.write(sample)
-    infos = writer.shards
-    assert [i.nsamples for i in infos] == [10, 10, 10, 5]
-    fs = _fs(s3_server)
-    for info in infos:
-        data = fs.cat_file(info.url)
-        assert len(data) == info.nbytes and hashlib.sha256(data).hexdigest() == info.sha256
-    shard_urls = urls.expand(f"{s3_bucket}/rt/shard-*.tar", options)
-    assert shard_urls == [i.url for i in infos]
-    got = [strip_url(s) for url in shard_urls for s in read_samples(url, storage_options=options)]
-    assert got == samples
-
-
-def test_multipart_round_trip_and_reader_is_streaming(s3_server, s3_bucket):
-    options = s3_server.storage_options
-    samples = make_samples(12, 3 * MB, seed=1)  # 36 MB: a multipart upload of 16 MiB parts
-    url = f"{s3_bucket}/big/one.tar"
-    with TarWriter(url, storage_options=options) as writer:
-        for sample in samples:
-            writer.write(sample)
-    assert writer.closed
-    assert writer._atomic._file.mpu is not None  # it went up as a multipart upload
-    stream = urls.open_read(url, options)
-    assert isinstance(stream, RemoteReader) and stream.block_size == 8 * MB
-    with stream:
-        got = [strip_url(s) for s in read_samples(stream, url)]
-    assert got == samples
+# options and uploads
 
 
 def test_per_prefix_storage_options(s3_server, s3_bucket):
@@ -109,83 +47,17 @@ def test_per_prefix_storage_options(s3_server, s3_bucket):
     url = f"{s3_bucket}/prefix/a.tar"
     write_shard(url, make_samples(3, 100), options)
     assert len(list(read_samples(url, storage_options=options))) == 3
-    assert urls.expand(f"{s3_bucket}/prefix/*.tar", options) == [url]
-
-
-# ------------------------------------------------------------------------------------------------
-# nothing half-written under a final name
-
-
-def test_failed_write_mid_multipart_leaves_no_object(s3_server, s3_bucket):
-    options = s3_server.storage_options
-    url = f"{s3_bucket}/fail/big.tar"
-    bucket, key = url[5:].split("/", 1)
-    with pytest.raises(Boom):
-        with TarWriter(url, storage_options=options) as writer:
-            for sample in make_samples(30, 1 * MB):
-                writer.write(sample)
-            upload = writer._atomic._file
-            _eventually(lambda: upload.mpu is not None and len(upload.parts) >= 1)  # parts uploaded
-            raise Boom("fn failed after 30 MB")
-    fs = _fs(s3_server)
-    assert not fs.exists(url)
-    assert _multipart_uploads(s3_server, bucket, key) == []  # aborted, not left behind
-
-
-def test_failed_small_write_leaves_no_object(s3_server, s3_bucket):
-    url = f"{s3_bucket}/fail/small.tar"
-    with pytest.raises(Boom):
-        with TarWriter(url, storage_options=s3_server.storage_options) as writer:
-            writer.write(make_samples(1, 1000)[0])
-            raise Boom()
-    assert not _fs(s3_server).exists(url)
-
-
-def test_shardwriter_error_keeps_committed_shards_only(s3_server, s3_bucket):
-    options = s3_server.storage_options
-    pattern = f"{s3_bucket}/sw/part-%03d.tar"
-    with pytest.raises(Boom):
-        with ShardWriter(pattern, maxsize=12 * MB, storage_options=options) as writer:
-            for sample in make_samples(30, 1 * MB):
-                writer.write(sample)
-            raise Boom()
-    names = sorted(p.rsplit("/", 1)[-1] for p in _fs(s3_server).ls(f"{s3_bucket}/sw"))
-    assert names == ["part-000.tar", "part-001.tar"]  # the third (in progress) never appeared
-    for name in names:
-        assert len(list(read_samples(f"{s3_bucket}/sw/{name}", storage_options=options))) == 11
-
-
-@pytest.mark.parametrize("size", [200_000, 20 * MB], ids=["single-put", "multipart"])
-def test_writer_dropped_without_close_publishes_nothing(s3_server, s3_bucket, size):
-    options = s3_server.storage_options
-    url = f"{s3_bucket}/gc/dropped-{size}.tar"
-    bucket, key = url[5:].split("/", 1)
-
-    def write_and_drop():
-        writer = TarWriter(url, storage_options=options)
-        written = 0
-        for sample in make_samples(max(1, size // MB), min(size, MB)):
-            writer.write(sample)
-            written += 1
-        assert written
-        # no close(), no abort(): an error unwound past it or a generator was abandoned
-
-    write_and_drop()
-    gc.collect()
-    time.sleep(0.5)  # a deferred close, if any, would have run by now
-    assert not _fs(s3_server).exists(url)
-    if size > 16 * MB:
-        assert _multipart_uploads(s3_server, bucket, key) == []
+    assert expand(f"{s3_bucket}/prefix/*.tar", options) == [url]
 
 
 def test_open_write_dropped_upload_is_not_published(s3_server, s3_bucket):
     url = f"{s3_bucket}/gc/open_write.bin"
-    f = urls.open_write(url, s3_server.storage_options)
+    f = open_write(url, s3_server.storage_options)
     f.write(os.urandom(1000))
     del f
     gc.collect()
     assert not _fs(s3_server).exists(url)
-    g = urls.open_write(url, s3_server.storage_options)
+    g = open_write(url, s3_server.storage_options)
     g.write(b"x" * 10)
     g.close()
     assert _fs(s3_server).cat_file(url) == b"x" * 10
@@ -195,46 +67,19 @@ def test_open_write_dropped_upload_is_not_published(s3_server, s3_bucket):
 # transient faults
 
 
-def _big_shard(s3_server, s3_bucket, name="restart.tar", n=48, size=500_000):
+def _big_shard(s3_server, s3_bucket, name, n=48, size=500_000):
     samples = make_samples(n, size, seed=7)
     url = f"{s3_bucket}/faults/{name}"
     write_shard(url, samples, s3_server.storage_options)
     return url, samples
 
 
-def test_read_resumes_after_server_restart(s3_server, s3_bucket):
-    url, samples = _big_shard(s3_server, s3_bucket)
-    # botocore's own retries off, so that the outage reaches shardflow's resume path
-    options = {**s3_server.storage_options, "config_kwargs": {"retries": {"max_attempts": 1}}}
-    stream = urls.open_read(
-        url, options, block_size=1 * MB, readahead=1,
-        retry=RetryPolicy(attempts=40, base_delay=0.1, max_delay=1.0, deadline=90),
-    )
-    got = []
-    restarter = None
-    try:
-        it = read_samples(stream, url)
-        for _ in range(5):
-            got.append(strip_url(next(it)))
-        s3_server.stop()
-        restarter = threading.Timer(2.0, s3_server.start)
-        restarter.start()
-        for sample in it:
-            got.append(strip_url(sample))
-    finally:
-        if restarter is not None:
-            restarter.join()
-        stream.close()
-    assert got == samples  # every sample, in order, none short
-    assert stream.resumes >= 1
-
-
 def test_read_fails_cleanly_when_server_stays_down(s3_server, s3_bucket):
     url, samples = _big_shard(s3_server, s3_bucket, name="down.tar")
     # botocore's own retries (5 attempts, ~12 s per call against a dead port) off to keep this short
     options = {**s3_server.storage_options, "config_kwargs": {"retries": {"max_attempts": 1}}}
-    stream = urls.open_read(url, options, block_size=1 * MB, readahead=0,
-                            retry=RetryPolicy(attempts=3, base_delay=0.05, max_delay=0.1, deadline=30))
+    stream = open_read(url, options, block_size=1 * MB, readahead=0,
+                       retry=RetryPolicy(attempts=3, base_delay=0.05, max_delay=0.1, deadline=30))
     got = []
     try:
         it = read_samples(stream, url)
@@ -253,24 +98,10 @@ def test_read_fails_cleanly_when_server_stays_down(s3_server, s3_bucket):
     assert all(strip_url(g) == s for g, s in zip(got, samples))  # what was yielded was whole
 
 
-def test_object_replaced_during_read_is_detected(s3_server, s3_bucket):
-    options = s3_server.storage_options
-    url, samples = _big_shard(s3_server, s3_bucket, name="replaced.tar", n=20, size=300_000)
-    stream = urls.open_read(url, options, block_size=512 * 1024, readahead=0)
-    with stream:
-        it = read_samples(stream, url)
-        first = [next(it) for _ in range(3)]
-        assert [strip_url(s) for s in first] == samples[:3]
-        write_shard(url, make_samples(20, 300_000, seed=8), options)  # same size, new bytes
-        with pytest.raises(ObjectChangedError) as info:
-            list(it)
-    assert url in str(info.value) and "changed" in str(info.value)
-
-
 def test_object_deleted_during_read_is_detected(s3_server, s3_bucket):
     options = s3_server.storage_options
     url, _ = _big_shard(s3_server, s3_bucket, name="deleted.tar", n=10, size=300_000)
-    with urls.open_read(url, options, block_size=512 * 1024, readahead=0) as stream:
+    with open_read(url, options, block_size=512 * 1024, readahead=0) as stream:
         it = read_samples(stream, url)
         next(it)
         _fs(s3_server).rm(url)
@@ -298,16 +129,16 @@ def test_glob_over_bucket_lists_once(s3_server, s3_bucket, monkeypatch):
         return await original(method, *args, **kwargs)
 
     monkeypatch.setattr(shared, "_call_s3", counting)
-    got = urls.expand(f"{s3_bucket}/ds/train-*.tar", options)
+    got = expand(f"{s3_bucket}/ds/train-*.tar", options)
     assert got == [f"{s3_bucket}/ds/train-{i:03d}.tar" for i in range(3)]
     lists = [c for c in calls if c[0].startswith("list_objects")]
     assert len(lists) == 1 and lists[0][1] == "ds/train-"  # one listing, server-side prefix
     calls.clear()
-    assert urls.expand([f"{s3_bucket}/ds/val-*.tar", f"{s3_bucket}/ds/train-00{{1..2}}.tar"], options) == [
+    assert expand([f"{s3_bucket}/ds/val-*.tar", f"{s3_bucket}/ds/train-00{{1..2}}.tar"], options) == [
         f"{s3_bucket}/ds/val-000.tar", f"{s3_bucket}/ds/train-001.tar", f"{s3_bucket}/ds/train-002.tar"]
     assert len([c for c in calls if c[0].startswith("list_objects")]) == 1
     with pytest.raises(ShardIOError, match="matched no shards"):
-        urls.expand(f"{s3_bucket}/ds/nothing-*.tar", options)
+        expand(f"{s3_bucket}/ds/nothing-*.tar", options)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -327,7 +158,7 @@ def test_bad_credentials_errors_name_url_not_secret(s3_server, s3_bucket):
     for options in (wrong_secret, wrong_key):
         fsspec.filesystem("s3", **options).invalidate_cache()
         with pytest.raises(ShardIOError) as info:
-            with urls.open_read(url, options) as stream:
+            with open_read(url, options) as stream:
                 stream.read()
         assert url in str(info.value)
         assert options["secret"] not in _all_text(info.value)  # not even in the chained causes
@@ -338,14 +169,8 @@ def test_bad_credentials_errors_name_url_not_secret(s3_server, s3_bucket):
         assert f"{s3_bucket}/creds/out.tar" in str(info.value)
         assert options["secret"] not in str(info.value) and options["key"] not in str(info.value)
         with pytest.raises(ShardIOError) as info:
-            urls.expand(f"{s3_bucket}/creds/*.tar", options)
+            expand(f"{s3_bucket}/creds/*.tar", options)
         assert options["secret"] not in str(info.value) and options["key"] not in str(info.value)
-
-
-def test_missing_object_error(s3_server, s3_bucket):
-    with pytest.raises(ShardIOError, match="no such file") as info:
-        urls.open_read(f"{s3_bucket}/nope.tar", s3_server.storage_options)
-    assert f"{s3_bucket}/nope.tar" in str(info.value)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -419,7 +244,7 @@ def _run_driver(tmp_path, spec, options, env_extra, kill_after_markers=None, s3f
 def _check_outputs_and_secrets(fs, out_prefix, run_dir, secrets):
     from collections import Counter
 
-    from shardflow.writer import TEMP_MARK
+    from shardflow.storage.atomic import TEMP_MARK
 
     fs.invalidate_cache()
     outputs = sorted(p for p in fs.find(out_prefix) if p.endswith(".tar") and "/_run/" not in p)
@@ -437,7 +262,7 @@ def _check_outputs_and_secrets(fs, out_prefix, run_dir, secrets):
 
 @pytest.mark.parametrize("backend", ["processes"])
 def test_job_s3_to_s3_killed_and_resumed(s3_server, s3_bucket, tmp_path, backend):
-    pytest.importorskip("shardflow.job")
+    pytest.importorskip("shardflow.run.job")
     options = s3_server.storage_options  # literal credentials, as a user passes them
     inputs = _job_inputs(options, f"{s3_bucket}/src")
     spec = {"inputs": inputs, "outputs": f"{s3_bucket}/out/{{name}}-{{part:03d}}.tar",
@@ -451,7 +276,7 @@ def test_job_s3_to_s3_killed_and_resumed(s3_server, s3_bucket, tmp_path, backend
 
 
 def test_job_gs_to_s3_killed_and_resumed(s3_server, s3_bucket, gcs_server, gcs_bucket, tmp_path):
-    pytest.importorskip("shardflow.job")
+    pytest.importorskip("shardflow.run.job")
     pytest.importorskip("gcsfs")
     inputs = _job_inputs(gcs_server.storage_options, f"{gcs_bucket}/src")
     # per-prefix options; S3 credentials as ${VAR} references resolved from the worker's environment

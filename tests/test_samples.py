@@ -8,17 +8,13 @@ import warnings
 
 import pytest
 
-from shardflow.errors import DecodeError, FormatError, SampleError, ShardflowError
-from shardflow.samples import (
-    ShardflowWarning,
-    check_key,
-    iter_samples,
-    read_samples,
-    sample_members,
-    split_name,
-)
-from shardflow.tario import BLOCK, TarStreamWriter, iter_members
-from shardflow.writer import TarWriter
+from shardflow.errors import DecodeError, FormatError, SampleError, ShardflowError, ShardflowWarning
+from shardflow.shards.keys import check_key, split_name
+from shardflow.shards.samples import read_samples, sample_members
+from shardflow.shards.tar_headers import BLOCK
+from shardflow.shards.tar_read import iter_members
+from shardflow.shards.tar_write import TarStreamWriter
+from shardflow.shards.writer import TarWriter
 
 URL = "file:///data/shard-000001.tar"
 
@@ -256,7 +252,8 @@ def test_damage_in_a_shard_of_one_member_samples():
 def test_damage_in_a_mixed_shard_without_a_reliable_name_drops_the_neighbours():
     # extension sets differ from sample to sample and the damaged header is unreadable: the samples
     # on both sides cannot be known whole, so they are reported and left out, never half-delivered
-    samples = [{"__key__": f"s/{i:04d}", "cls": b"1", **({"jpg": b"j" * 600} if i % 2 else {"png": b"p"})} for i in range(8)]
+    samples = [{"__key__": f"s/{i:04d}", "cls": b"1", **({"jpg": b"j" * 600} if i % 2 else {"png": b"p"})}
+               for i in range(8)]
     data = shard(samples)
     at = header_offsets(data)[7]  # s/0003.jpg
     errors: list[ShardflowError] = []
@@ -267,7 +264,8 @@ def test_damage_in_a_mixed_shard_without_a_reliable_name_drops_the_neighbours():
 
 
 def test_damage_in_a_mixed_shard_with_a_readable_name_keeps_the_neighbours():
-    samples = [{"__key__": f"s/{i:04d}", "cls": b"1", **({"jpg": b"j" * 600} if i % 2 else {"png": b"p"})} for i in range(8)]
+    samples = [{"__key__": f"s/{i:04d}", "cls": b"1", **({"jpg": b"j" * 600} if i % 2 else {"png": b"p"})}
+               for i in range(8)]
     data = shard(samples)
     at = header_offsets(data)[7]  # s/0003.jpg
     out = read(damage(data, at + 140), on_error="skip", report=lambda e: None)

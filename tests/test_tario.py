@@ -10,7 +10,10 @@ import tarfile
 import pytest
 
 from shardflow.errors import FormatError
-from shardflow.tario import BLOCK, Corruption, Member, TarStreamWriter, iter_members
+from shardflow.shards.tar_headers import BLOCK
+from shardflow.shards.tar_read import Member, iter_members
+from shardflow.shards.tar_recover import Corruption
+from shardflow.shards.tar_write import TarStreamWriter
 
 
 def write_tar(members, **kw) -> bytes:
@@ -285,7 +288,7 @@ def test_small_members_are_gathered_into_few_writes():
 def test_byte_sum_is_exact():
     import random
 
-    from shardflow.tario import _byte_sum
+    from shardflow.shards.tar_headers import byte_sum as _byte_sum
 
     rng = random.Random(0)
     blocks = [bytes(512), b"\xff" * 512, b"\xff" * 100, b""] + [rng.randbytes(rng.randint(0, 512)) for _ in range(500)]
@@ -481,4 +484,5 @@ def test_format_error_pickles_with_its_fields():
 
     err = expect_format_error(good_tar()[:3000], "truncated")
     back = pickle.loads(pickle.dumps(err))
-    assert (type(back), back.url, back.key, back.offset, str(back)) == (type(err), err.url, err.key, err.offset, str(err))
+    fields = (type(back), back.url, back.key, back.offset, str(back))
+    assert fields == (type(err), err.url, err.key, err.offset, str(err))

@@ -9,10 +9,12 @@ import fsspec
 import psutil
 import pytest
 
-from shardflow import urls
 from shardflow.errors import FormatError, PipeError, ShardIOError
-from shardflow.samples import read_samples
-from shardflow.writer import ShardWriter, TarWriter
+from shardflow.shards.samples import read_samples
+from shardflow.shards.writer import ShardWriter, TarWriter
+from shardflow.storage.pipes import PIPE_ENV
+from shardflow.storage.schemes import open_read
+from shardflow.storage.specs import expand
 
 
 def write_shard(path, n=5, size=100, prefix="k"):
@@ -31,24 +33,24 @@ def keys(samples):
 
 
 def test_brace_expansion_with_several_groups_keeps_order():
-    got = urls.expand("s3://b/{train,val}/x-{000..002}.tar")
+    got = expand("s3://b/{train,val}/x-{000..002}.tar")
     assert got == [f"s3://b/{split}/x-{i:03d}.tar" for split in ("train", "val") for i in range(3)]
-    assert urls.expand("d/{a,b}{1..2}.tar") == ["d/a1.tar", "d/a2.tar", "d/b1.tar", "d/b2.tar"]
+    assert expand("d/{a,b}{1..2}.tar") == ["d/a1.tar", "d/a2.tar", "d/b1.tar", "d/b2.tar"]
 
 
 def test_list_of_specs_keeps_order():
-    assert urls.expand(["z.tar", "a-{0..1}.tar", "m.tar"]) == ["z.tar", "a-0.tar", "a-1.tar", "m.tar"]
-    assert urls.expand(("x.tar",)) == ["x.tar"]
+    assert expand(["z.tar", "a-{0..1}.tar", "m.tar"]) == ["z.tar", "a-0.tar", "a-1.tar", "m.tar"]
+    assert expand(("x.tar",)) == ["x.tar"]
 
 
 def test_globs_are_sorted_and_combined_with_braces(tmp_path):
     for name in ["b-2.tar", "a-10.tar", "a-1.tar", "b-1.tar", "c.txt"]:
         (tmp_path / name).write_bytes(b"")
     d = str(tmp_path)
-    assert urls.expand(f"{d}/*.tar") == [f"{d}/{n}" for n in ["a-1.tar", "a-10.tar", "b-1.tar", "b-2.tar"]]
-    assert urls.expand(f"{d}/a-?.tar") == [f"{d}/a-1.tar"]
-    assert urls.expand(f"{d}/{{b,a}}-[12].tar") == [f"{d}/b-1.tar", f"{d}/b-2.tar", f"{d}/a-1.tar"]
-    assert urls.expand(f"file://{d}/b-*.tar") == [f"file://{d}/b-1.tar", f"file://{d}/b-2.tar"]
+    assert expand(f"{d}/*.tar") == [f"{d}/{n}" for n in ["a-1.tar", "a-10.tar", "b-1.tar", "b-2.tar"]]
+    assert expand(f"{d}/a-?.tar") == [f"{d}/a-1.tar"]
+    assert expand(f"{d}/{{b,a}}-[12].tar") == [f"{d}/b-1.tar", f"{d}/b-2.tar", f"{d}/a-1.tar"]
+    assert expand(f"file://{d}/b-*.tar") == [f"file://{d}/b-1.tar", f"file://{d}/b-2.tar"]
 
 
 def test_globs_skip_hidden_files_such_as_writer_temps(tmp_path):
@@ -56,7 +58,7 @@ def test_globs_skip_hidden_files_such_as_writer_temps(tmp_path):
     w = TarWriter(str(tmp_path / "a-1.tar"))  # in progress: only its hidden temp exists
     w.write({"__key__": "k", "txt": b"x"})
     try:
-        assert urls.expand(f"{tmp_path}/*") == [f"{tmp_path}/a-0.tar"]
+        assert expand(f"{tmp_path}/*") == [f"{tmp_path}/a-0.tar"]
     finally:
         w.abort()
 
@@ -66,7 +68,7 @@ def test_memory_glob():
     for i in (2, 0, 1):
         fs.pipe(f"/sf-urls-glob/s-{i}.tar", b"")
     try:
-        got = urls.expand("memory://sf-urls-glob/s-*.tar")
+        got = expand("memory://sf-urls-glob/s-*.tar")
         assert [u.replace(":///", "://") for u in got] == [f"memory://sf-urls-glob/s-{i}.tar" for i in range(3)]
         assert [len(list(fsspec.open(u).open().read())) for u in got] == [0, 0, 0]
     finally:
@@ -75,9 +77,9 @@ def test_memory_glob():
 
 def test_empty_specs_are_errors(tmp_path):
     with pytest.raises(ShardIOError, match="matched no shards"):
-        urls.expand(f"{tmp_path}/nothing-*.tar")
+        expand(f"{tmp_path}/nothing-*.tar")
     with pytest.raises(ShardIOError, match="names no shards"):
-        urls.expand([])
+        expand([])
 
 
 def test_s3_glob_and_braces(s3_server, s3_bucket):
@@ -85,8 +87,8 @@ def test_s3_glob_and_braces(s3_server, s3_bucket):
     for name in ["g/t-1.tar", "g/t-0.tar", "g/t-2.tar", "g/v-0.tar", "g/sub/t-9.tar"]:
         fs.pipe(f"{s3_bucket}/{name}", b"x")
     opts = s3_server.storage_options
-    assert urls.expand(f"{s3_bucket}/g/t-*.tar", opts) == [f"{s3_bucket}/g/t-{i}.tar" for i in range(3)]
-    assert urls.expand(f"{s3_bucket}/g/{{v,t}}-0.tar", opts) == [f"{s3_bucket}/g/v-0.tar", f"{s3_bucket}/g/t-0.tar"]
+    assert expand(f"{s3_bucket}/g/t-*.tar", opts) == [f"{s3_bucket}/g/t-{i}.tar" for i in range(3)]
+    assert expand(f"{s3_bucket}/g/{{v,t}}-0.tar", opts) == [f"{s3_bucket}/g/v-0.tar", f"{s3_bucket}/g/t-0.tar"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -95,10 +97,10 @@ def test_s3_glob_and_braces(s3_server, s3_bucket):
 
 def test_missing_files_and_directories_name_the_url(tmp_path):
     with pytest.raises(ShardIOError) as info:
-        urls.open_read(str(tmp_path / "missing.tar"))
+        open_read(str(tmp_path / "missing.tar"))
     assert str(tmp_path / "missing.tar") in str(info.value)
     with pytest.raises(ShardIOError) as info:
-        urls.open_read(str(tmp_path))
+        open_read(str(tmp_path))
     assert str(tmp_path) in str(info.value)
 
 
@@ -117,18 +119,18 @@ def test_pipe_is_refused_unless_allowed(tmp_path, monkeypatch):
     shard = write_shard(tmp_path / "p.tar")
     marker = tmp_path / "ran"
     url = f"pipe:touch {marker}; cat {shard}"
-    monkeypatch.delenv(urls.PIPE_ENV, raising=False)
+    monkeypatch.delenv(PIPE_ENV, raising=False)
     with pytest.raises(PipeError, match="off by default"):
-        urls.open_read(url)
+        open_read(url)
     with pytest.raises(PipeError):
         list(read_samples(url))
-    monkeypatch.setenv(urls.PIPE_ENV, "0")
+    monkeypatch.setenv(PIPE_ENV, "0")
     with pytest.raises(PipeError):
         list(read_samples(url))
     assert not marker.exists(), "a refused pipe: must not run anything"
     assert keys(read_samples(url, allow_pipe=True)) == [f"k{i:04d}" for i in range(5)]
     assert marker.exists()
-    monkeypatch.setenv(urls.PIPE_ENV, "1")
+    monkeypatch.setenv(PIPE_ENV, "1")
     assert len(list(read_samples(url))) == 5
     with pytest.raises(PipeError):
         list(read_samples(url, allow_pipe=False))  # an explicit False wins over the environment
@@ -193,7 +195,7 @@ def test_endless_pipe_command_is_stopped_after_the_archive_ends(tmp_path):
 def test_pipe_stream_closed_by_hand(tmp_path):
     shard = write_shard(tmp_path / "p.tar", n=100, size=50_000)
     before = _descendants()
-    stream = urls.open_read(f"pipe:cat {shard}", allow_pipe=True)
+    stream = open_read(f"pipe:cat {shard}", allow_pipe=True)
     head = stream.read(1000)
     assert len(head) == 1000
     started = _descendants() - before
@@ -212,7 +214,7 @@ def test_memory_round_trip():
         for i in range(7):
             w.write({"__key__": f"m{i}", "txt": b"%d" % i})
     try:
-        got = [s for u in urls.expand("memory://sf-urls-rt/s-*.tar") for s in read_samples(u)]
+        got = [s for u in expand("memory://sf-urls-rt/s-*.tar") for s in read_samples(u)]
         assert keys(got) == [f"m{i}" for i in range(7)]
     finally:
         fsspec.filesystem("memory").rm("/sf-urls-rt", recursive=True)
@@ -224,8 +226,8 @@ def test_s3_spec_round_trip(s3_server, s3_bucket):
         for i in range(10):
             w.write({"__key__": f"s{i:03d}", "bin": os.urandom(1000), "cls": b"%d" % i})
     spec = f"{s3_bucket}/rt/part-{{000..002}}.tar"
-    assert urls.expand(spec) == [f"{s3_bucket}/rt/part-{i:03d}.tar" for i in range(3)]
-    got = [s for u in urls.expand(f"{s3_bucket}/rt/part-*.tar", opts) for s in read_samples(u, storage_options=opts)]
+    assert expand(spec) == [f"{s3_bucket}/rt/part-{i:03d}.tar" for i in range(3)]
+    got = [s for u in expand(f"{s3_bucket}/rt/part-*.tar", opts) for s in read_samples(u, storage_options=opts)]
     assert keys(got) == [f"s{i:03d}" for i in range(10)]
     assert [s["cls"] for s in got] == [b"%d" % i for i in range(10)]
 

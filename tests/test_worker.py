@@ -14,13 +14,19 @@ from pathlib import Path
 import fsspec
 import pytest
 from fsspec.spec import AbstractFileSystem
-
-from shardflow import worker
-from shardflow.job import ShardJob
-from shardflow.rundir import RunDir
 from test_k8s_helpers import (
-    glob_temps, input_keys, make_shards, output_keys, shardflow_command, temp_files, write_job_file,
+    glob_temps,
+    input_keys,
+    make_shards,
+    output_keys,
+    shardflow_command,
+    temp_files,
+    write_job_file,
 )
+
+from shardflow.cluster import contract, worker
+from shardflow.run.job import ShardJob
+from shardflow.run.rundir import RunDir
 
 
 def identity(sample):
@@ -45,17 +51,17 @@ def run(url: str, index: int, per: int = 1, **kw) -> tuple[int, str, str]:
 
 
 def test_chunks_cover_the_plan_once():
-    chunks = [worker.chunk_of(i, 4, 10) for i in range(worker.chunk_count(10, 4))]
+    chunks = [contract.chunk_of(i, 4, 10) for i in range(contract.chunk_count(10, 4))]
     assert [list(c.task_ids) for c in chunks] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
-    with pytest.raises(worker.WorkerExit) as exc:
-        worker.chunk_of(3, 4, 10)
-    assert exc.value.code == worker.EXIT_STOP
+    with pytest.raises(contract.WorkerExit) as exc:
+        contract.chunk_of(3, 4, 10)
+    assert exc.value.code == contract.EXIT_STOP
 
 
 def test_chunk_runs_its_tasks_and_reruns_are_noops(tmp_path):
     url, out = plan(tmp_path, 3)
     code, log, _ = run(url, 0, 2)
-    assert code == worker.EXIT_OK
+    assert code == contract.EXIT_OK
     assert RunDir(url).done_ids() == {0, 1}
     code, log2, _ = run(url, 0, 2)
     assert code == 0 and "task 0: skipped" in log2 and "task 1: skipped" in log2
@@ -66,7 +72,7 @@ def test_chunk_runs_its_tasks_and_reruns_are_noops(tmp_path):
 def test_bad_input_exit_65_and_the_rest_of_the_chunk_still_runs(tmp_path):
     url, out = plan(tmp_path, 2, truncate=0)
     code, log, _ = run(url, 0, 2)
-    assert code == worker.EXIT_BAD_INPUT == 65
+    assert code == contract.EXIT_BAD_INPUT == 65
     rd = RunDir(url)
     assert rd.done_ids() == {1}
     assert rd.read_json("failed/000000.json")["kind"] == "input"
@@ -91,7 +97,7 @@ def test_io_failure_exit_75(tmp_path):
     job = ShardJob(identity, inputs, f"{tmp_path}/out/{{name}}.tar", io_retries=1, retry_backoff=0.01)
     job.prepare()
     code, log, _ = run(job.run_dir, 0, 2)
-    assert code == worker.EXIT_RETRY == 75
+    assert code == contract.EXIT_RETRY == 75
     rd = RunDir(job.run_dir)
     assert rd.done_ids() == {0}
     assert rd.read_json("failed/000001.json")["kind"] == "io"
@@ -100,7 +106,7 @@ def test_io_failure_exit_75(tmp_path):
 def test_on_error_raise_stops_the_whole_run_exit_78(tmp_path):
     url, _ = plan(tmp_path, 3, fn=explode, on_error="raise")
     code, log, _ = run(url, 0, 3)
-    assert code == worker.EXIT_STOP == 78
+    assert code == contract.EXIT_STOP == 78
     assert "task 1" not in log  # stopped at the first failure
 
 
@@ -129,8 +135,8 @@ class DownFileSystem(AbstractFileSystem):
 def test_unreachable_run_dir_exit_75():
     fsspec.register_implementation("sfdown", DownFileSystem, clobber=True)
     code, _, err = run("sfdown://bucket/run", 0)
-    assert code == worker.EXIT_RETRY and "unreachable" in err
-    assert worker.finalize("sfdown://bucket/run", out=io.StringIO(), err=io.StringIO()) == worker.EXIT_RETRY
+    assert code == contract.EXIT_RETRY and "unreachable" in err
+    assert worker.finalize("sfdown://bucket/run", out=io.StringIO(), err=io.StringIO()) == contract.EXIT_RETRY
 
 
 def _closed_port() -> int:
@@ -149,7 +155,7 @@ def test_cli_unreachable_http_run_dir_exit_75(tmp_path):
 
 def plan_file(tmp: Path, shards: int, **overrides) -> tuple[str, Path]:
     """A job planned from a job file: its function travels by value, so a subprocess can load it."""
-    from shardflow.jobfile import load_job
+    from shardflow.run.jobfile import load_job
 
     make_shards(tmp / "in", shards, 4)
     out = tmp / "out"
@@ -194,17 +200,17 @@ def test_finalize_rebuilds_the_summary_from_markers(tmp_path):
     url, _ = plan(tmp_path, 3, truncate=2)
     run(url, 0, 2)
     out, err = io.StringIO(), io.StringIO()
-    assert worker.finalize(url, out=out, err=err) == worker.EXIT_BAD_INPUT  # task 2 never ran
+    assert worker.finalize(url, out=out, err=err) == contract.EXIT_BAD_INPUT  # task 2 never ran
     summary = json.loads((Path(url) / "summary.json").read_text())
     assert summary["done"] == 2 and summary["tasks"] == 3 and not summary["ok"]
     run(url, 1, 2)
-    assert worker.finalize(url, out=out, err=err) == worker.EXIT_BAD_INPUT
+    assert worker.finalize(url, out=out, err=err) == contract.EXIT_BAD_INPUT
     summary = json.loads((Path(url) / "summary.json").read_text())
     assert summary["failed"]["2"]["kind"] == "input"
     assert summary["stats"]["samples_out"] == 8 and len(summary["shards"]) == 2
     (tmp_path / "in" / "in-000002.tar").unlink()
     make_shards(tmp_path / "in", 3, 4)  # the shard is fixed: rerun its index
     assert run(url, 1, 2)[0] == 0
-    assert worker.finalize(url, out=out, err=err) == worker.EXIT_OK
+    assert worker.finalize(url, out=out, err=err) == contract.EXIT_OK
     summary = json.loads((Path(url) / "summary.json").read_text())
     assert summary["ok"] and summary["done"] == 3 and summary["failed"] == {}

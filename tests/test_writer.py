@@ -14,9 +14,9 @@ import fsspec
 import pytest
 
 from shardflow.errors import PipeError, SampleError, ShardIOError
-from shardflow.samples import read_samples
-from shardflow.tario import TarStreamWriter
-from shardflow.writer import ShardInfo, ShardWriter, TarWriter, format_shard_name, remove_stale_temps
+from shardflow.shards.samples import read_samples
+from shardflow.shards.tar_write import TarStreamWriter
+from shardflow.shards.writer import ShardInfo, ShardWriter, TarWriter, format_shard_name, remove_stale_temps
 
 
 def make_samples(n: int, size=lambda i: 100 + i, prefix="s"):
@@ -32,7 +32,8 @@ def read_back(url, **kw):
 
 
 def sample_bytes(sample) -> int:
-    return sum(TarStreamWriter.member_size(f"{sample['__key__']}.{e}", len(v)) for e, v in sample.items() if not e.startswith("__"))
+    return sum(TarStreamWriter.member_size(f"{sample['__key__']}.{e}", len(v))
+               for e, v in sample.items() if not e.startswith("__"))
 
 
 class Boom(Exception):

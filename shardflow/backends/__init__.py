@@ -11,20 +11,20 @@ import importlib
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from ..errors import JobError
-from ..progress import Progress
-from ..report import RunReport, build_report
-from ..task import USER, Task, TaskResult
+from shardflow.errors import RAISE, FailureKind, JobError
+from shardflow.run.progress import Progress
+from shardflow.run.report import RunReport, build_report
+from shardflow.run.task import Task, TaskResult
 
 if TYPE_CHECKING:
-    from ..job import ShardJob
+    from shardflow.run.job import ShardJob
 
 Execute = Callable[..., Iterator[TaskResult]]
 
 BACKENDS = {
     "serial": "shardflow.backends.local:execute_serial",
     "processes": "shardflow.backends.local:execute_processes",
-    "dask": "shardflow.backends.dask:execute_dask",
+    "dask": "shardflow.backends.dask.client:execute_dask",
 }
 
 
@@ -57,7 +57,7 @@ def run_job(job: "ShardJob", backend: str = "processes", *, force: bool = False,
         for result in stream:
             results[result.task_id] = result
             bar.task_finished(result)
-            if result.status == "failed" and (job.on_error == "raise" or result.kind == USER):
+            if result.status == "failed" and (job.on_error == RAISE or result.kind == FailureKind.USER):
                 break
     except KeyboardInterrupt:
         interrupted = True

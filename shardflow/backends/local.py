@@ -15,11 +15,13 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import cloudpickle
 
-from ..progress import Progress
-from ..task import IO, Task, TaskResult, run_task
+from shardflow.errors import FailureKind
+from shardflow.run.progress import Progress
+from shardflow.run.run_task import run_task
+from shardflow.run.task import Task, TaskResult
 
 if TYPE_CHECKING:
-    from ..job import ShardJob
+    from shardflow.run.job import ShardJob
 
 
 def execute_serial(job: "ShardJob", tasks: list[Task], progress: Progress) -> Iterator[TaskResult]:
@@ -85,8 +87,8 @@ def _alive(pid: int) -> bool:
 
 
 # Modules worth importing once in the fork server rather than in every worker, when the driver uses them.
-_PRELOAD = ("numpy", "PIL.Image", "simplejpeg", "fsspec", "torch", "torchvision", "shardflow.task", "shardflow.codecs",
-            "shardflow.backends.local")
+_PRELOAD = ("numpy", "PIL.Image", "simplejpeg", "fsspec", "torch", "torchvision", "shardflow.run.run_task",
+            "shardflow.codecs", "shardflow.backends.local")
 
 
 def _mp_context() -> "multiprocessing.context.BaseContext":
@@ -99,7 +101,8 @@ def _mp_context() -> "multiprocessing.context.BaseContext":
     """
     if "forkserver" in multiprocessing.get_all_start_methods():
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload([name for name in _PRELOAD if name in sys.modules or name.startswith("shardflow")])
+        preload = [name for name in _PRELOAD if name in sys.modules or name.startswith("shardflow")]
+        context.set_forkserver_preload(preload)
         return context
     return multiprocessing.get_context("spawn")
 
@@ -182,7 +185,7 @@ def execute_processes(job: "ShardJob", tasks: list[Task], progress: Progress, *,
                     if not finished_any:
                         error += _startup_hint()
                     for lost in [task, *running.values()]:
-                        yield TaskResult(lost.id, "failed", error=error, kind=IO)
+                        yield TaskResult.failed(lost.id, error, FailureKind.IO)
                     running.clear()
                     break
                 finished_any = True

@@ -62,7 +62,8 @@ def parse_condition(text):
         try:
             literal = json.loads(value)
         except ValueError:
-            raise ValueError(f"filter condition {text!r}: {value!r} is not a JSON value (quote strings: \"x\")") from None
+            raise ValueError(f"filter condition {text!r}: {value!r} is not a JSON value "
+                             "(quote strings: \"x\")") from None
         op = " ".join(op.split())
         if op in ("in", "not in") and not isinstance(literal, list):
             raise ValueError(f"filter condition {text!r}: '{op}' needs a JSON list, e.g. [1, 2]")

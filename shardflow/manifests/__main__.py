@@ -1,7 +1,7 @@
-"""`python -m shardflow.manifests [--check]`: regenerate (or check) the example manifests."""
+"""`python -m shardflow.manifests` (0.1.0 spelling): see `shardflow.cluster.manifests`."""
 
 import sys
 
-from .examples import main
+from shardflow.cluster.manifests.examples import main
 
 sys.exit(main())

@@ -1,0 +1,165 @@
+"""The worker side of the Dask backend: what each Dask task runs, in a Dask worker process.
+
+The job is fetched from the scheduler (a dask Variable) and unpickled once per worker process; then
+each task is `run_task(task, job)`, with sample counts sent back to the client as Dask events.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import types
+from typing import Any, Callable, Iterator
+
+import cloudpickle
+
+from shardflow.backends.dask.wire import missing_module_message
+from shardflow.errors import FailureKind
+from shardflow.run.run_task import run_task
+from shardflow.run.task import Task, TaskResult
+
+
+class _MissingModule(BaseException):
+    """The job function needs a module this worker lacks. A BaseException so that run_task does not
+    count it as one bad sample: the task stops (its temp outputs aborted) and reports it once."""
+
+    def __init__(self, name: str | None) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+class _Cancelled(BaseException):
+    """The client no longer wants this task (run stopped): abort it and free the worker."""
+
+
+class _ImportGuard:
+    """Wraps the job's fn on the worker: a ModuleNotFoundError escaping fn stops the task."""
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self.fn = fn
+        self.__name__ = getattr(fn, "__name__", "fn")
+
+    def __call__(self, sample: Any) -> Any:
+        try:
+            result = self.fn(sample)
+        except ModuleNotFoundError as exc:
+            raise _MissingModule(exc.name) from exc
+        if isinstance(result, types.GeneratorType):
+            return self._guard(result)
+        return result
+
+    @staticmethod
+    def _guard(outputs: Iterator[Any]) -> Iterator[Any]:
+        try:
+            yield from outputs
+        except ModuleNotFoundError as exc:
+            raise _MissingModule(exc.name) from exc
+
+
+_worker_jobs: dict[str, Any] = {}  # token -> job, one entry per worker process (the current run)
+_worker_lock = threading.Lock()
+
+
+def _fetch_job(token: str, variable: str) -> Any:
+    """The run's job on this worker: fetched from the scheduler (a dask Variable) and unpickled once."""
+    with _worker_lock:
+        job = _worker_jobs.get(token)
+        if job is None:
+            from distributed import Variable, get_client
+
+            blob = Variable(variable, client=get_client()).get(timeout=120)
+            job = cloudpickle.loads(blob)
+            job.fn = _ImportGuard(job.fn)
+            _worker_jobs.clear()  # keep only the current run's job
+            _worker_jobs[token] = job
+        return job
+
+
+class _Reporter:
+    """run_task's progress callback on a worker: sends sample counts, and notices cancellation."""
+
+    def __init__(self, topic: str) -> None:
+        from distributed import get_worker
+
+        self.topic = topic
+        self.worker = get_worker()
+        try:
+            self.key = self.worker.get_current_task()
+        except Exception:  # noqa: BLE001 - only used to notice cancellation
+            self.key = None
+
+    def __call__(self, count: int) -> None:
+        try:
+            self.worker.log_event(self.topic, int(count))
+        except Exception:  # noqa: BLE001 - progress is best effort, never a reason to fail a task
+            pass
+        if self.cancelled():
+            raise _Cancelled()
+
+    def cancelled(self) -> bool:
+        if self.key is None:
+            return False
+        try:
+            state = self.worker.state.tasks.get(self.key)
+        except Exception:  # noqa: BLE001 - internal API; if it moves, tasks simply run to the end
+            return False
+        return state is None or state.state in ("cancelled", "released", "forgotten")
+
+
+def _worker_address() -> str:
+    try:
+        from distributed import get_worker
+
+        return get_worker().address
+    except Exception:  # noqa: BLE001
+        return "?"
+
+
+def run_on_worker(task: Task, token: str, variable: str, topic: str) -> TaskResult:
+    """What each Dask task runs: the job (fetched and unpickled once per worker), then run_task.
+
+    The result is also sent to the client on the run's event topic, ahead of the task's completion,
+    so the client need not fetch it through the scheduler (it still can: the return value)."""
+    result = _run(task, token, variable, topic)
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+        worker.log_event(topic, {"key": worker.get_current_task(), "result": result.to_json()})
+    except Exception:  # noqa: BLE001 - the client gathers the return value instead
+        pass
+    return result
+
+
+def _run(task: Task, token: str, variable: str, topic: str) -> TaskResult:
+    try:
+        job = _fetch_job(token, variable)
+    except ModuleNotFoundError as exc:
+        return TaskResult.failed(task.id, missing_module_message(_worker_address(), exc.name), FailureKind.USER)
+    except Exception as exc:  # noqa: BLE001 - e.g. a class the job pickled that changed shape
+        return TaskResult.failed(task.id, f"worker {_worker_address()} cannot load the job: {type(exc).__name__}: "
+                                 f"{exc} (are shardflow, Python and the job's packages the same versions as on the "
+                                 "client?)", FailureKind.USER)
+    try:
+        reporter: Callable[[int], None] | None = _Reporter(topic)
+    except Exception:  # noqa: BLE001 - not inside a worker (tests calling this directly)
+        reporter = None
+    try:
+        return run_task(task, job, progress=reporter)
+    except _MissingModule as exc:
+        message = missing_module_message(_worker_address(), exc.name)
+        try:
+            return job.rundir().record_failure(task, message, FailureKind.USER)
+        except Exception:  # noqa: BLE001 - the message still reaches the client
+            return TaskResult.failed(task.id, message, FailureKind.USER)
+    except _Cancelled:
+        return TaskResult.failed(task.id, "cancelled: the run was stopped", FailureKind.IO)
+
+
+def worker_check(run_dir_path: str | None) -> dict[str, Any]:
+    """Preflight on each worker: can it see the run directory; which shardflow does it have."""
+    from shardflow import __version__
+
+    seen = None if run_dir_path is None else os.path.exists(os.path.join(run_dir_path, "plan.json"))
+    return {"sees_run_dir": seen, "shardflow": __version__, "python": sys.version.split()[0]}

@@ -1,0 +1,165 @@
+"""`shardflow worker`, `shardflow k8s`, `shardflow argo`: running a planned job on a cluster.
+
+`k8s`/`argo` load a job file, write its plan to the run directory and print a manifest on stdout
+(`| kubectl create -f -`); messages go to stderr. `worker` is what the pods run.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import click
+
+from shardflow.cli.common import EXIT_FAILED, Fail, parse_storage_options, storage_option_flag
+from shardflow.cluster.contract import EXIT_CODES, EXIT_STOP, INDEX_ENV
+from shardflow.errors import ShardflowError
+from shardflow.storage import options as so
+
+_EXIT_HELP = "; ".join(f"{code}: {what}" for code, what in EXIT_CODES.items())
+
+
+def register(group: click.Group) -> None:
+    """Add `worker`, `k8s` and `argo` to the `shardflow` command group."""
+    group.add_command(worker_command)
+    group.add_command(k8s_command)
+    group.add_command(argo_command)
+
+
+_storage_option = storage_option_flag()
+
+
+# ------------------------------------------------------------------------------------------------
+# worker
+
+
+@click.command("worker", epilog=f"Exit status: {_EXIT_HELP}.")
+@click.option("--run-dir", required=True, metavar="URL", help="run directory holding plan.json and job.pkl")
+@click.option("--index", type=int, default=None,
+              help=f"chunk index (default: ${INDEX_ENV}, set by Kubernetes Indexed Jobs)")
+@click.option("--tasks-per-index", type=click.IntRange(min=1), default=1, show_default=True,
+              help="tasks per chunk: index I runs task ids [I*K, (I+1)*K)")
+@click.option("--finalize", is_flag=True, help="rebuild summary.json from the completion markers instead; "
+              "exit 0 when every task is done, 65 when the run is incomplete")
+@_storage_option
+def worker_command(run_dir: str, index: int | None, tasks_per_index: int, finalize: bool,
+                   storage_option: tuple[str, ...]) -> None:
+    """Run the tasks of one chunk of a planned job (what each pod runs), idempotently."""
+    from shardflow.cluster import worker
+
+    options = parse_storage_options(storage_option)
+    if finalize:
+        sys.exit(worker.finalize(run_dir, storage_options=options))
+    if index is None:
+        text = os.environ.get(INDEX_ENV)
+        if text is None:
+            raise click.UsageError(f"give --index, or set ${INDEX_ENV}")
+        try:
+            index = int(text)
+        except ValueError:
+            click.echo(f"shardflow worker: ${INDEX_ENV}={text!r} is not an integer", err=True)
+            sys.exit(EXIT_STOP)
+    sys.exit(worker.run_chunk(run_dir, index, tasks_per_index, storage_options=options))
+
+
+# ------------------------------------------------------------------------------------------------
+# k8s / argo
+
+
+def _pairs(items: tuple[str, ...], flag: str, sep: str = "=") -> list[tuple[str, str]]:
+    out = []
+    for item in items:
+        key, found, value = item.partition(sep)
+        if not found or not key:
+            raise click.BadParameter(f"{item!r} is not KEY{sep}VALUE", param_hint=flag)
+        out.append((key, value))
+    return out
+
+
+def _cluster_options(fn):
+    options = [
+        click.argument("jobfile"),
+        click.option("--inputs", "-i", metavar="SPEC", help="input shards (brace pattern, glob, list)"),
+        click.option("--outputs", metavar="SPEC", help="output shards or pattern ({task}, {name}, {part})"),
+        click.option("--run-dir", metavar="URL", help="run directory the pods share [default: _shardflow beside "
+                     "the outputs]"),
+        click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="job option or PARAMS value"),
+        _storage_option,
+        click.option("--image", required=True, help="worker image (see docker/Dockerfile)"),
+        click.option("--name", help="Job / Workflow name [default: shardflow-JOBNAME]"),
+        click.option("--namespace", "-n", help="namespace"),
+        click.option("--parallelism", "-p", type=click.IntRange(min=1), default=16, show_default=True,
+                     help="pods at a time"),
+        click.option("--tasks-per-pod", type=click.IntRange(min=1), default=None,
+                     help="tasks (input shard groups) per pod [default: 1, more when there are very many tasks]"),
+        click.option("--cpu", default="1", show_default=True, help="CPU request per pod"),
+        click.option("--memory", default="2Gi", show_default=True, help="memory request and limit per pod"),
+        click.option("--secret", "secrets", multiple=True, metavar="NAME",
+                     help="Kubernetes Secret whose keys become env vars (AWS_ACCESS_KEY_ID, ...); repeatable"),
+        click.option("--env", "env", multiple=True, metavar="NAME=VALUE", help="plain env var (no secrets)"),
+        click.option("--service-account", help="service account (IRSA / workload identity)"),
+        click.option("--image-pull-secret", "pull_secrets", multiple=True, metavar="NAME"),
+        click.option("--node-selector", multiple=True, metavar="KEY=VALUE"),
+        click.option("--pvc", multiple=True, metavar="CLAIM:PATH", help="mount a PersistentVolumeClaim"),
+        click.option("--retries", type=click.IntRange(min=0), default=3, show_default=True,
+                     help="retries per index (transient failures)"),
+        click.option("--ttl", type=click.IntRange(min=0), default=86400, show_default=True,
+                     help="seconds a finished run's objects are kept"),
+        click.option("--deadline", type=click.IntRange(min=1), default=None, help="activeDeadlineSeconds"),
+        click.option("--tmp-size", default="1Gi", show_default=True, help="size of the /tmp emptyDir"),
+        click.option("--no-prepare", is_flag=True, help="write nothing to the run directory (tasks counted "
+                     "from the inputs spec); the plan must be written before the pods start"),
+        click.option("--force", is_flag=True, help="replace a different plan in the run directory"),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _render(kind: str, jobfile: str, inputs: str | None, outputs: str | None, run_dir: str | None,
+            overrides: tuple[str, ...], storage_option: tuple[str, ...], image: str, no_prepare: bool, force: bool,
+            **kw: Any) -> None:
+    from shardflow.cluster import manifests
+    from shardflow.run.jobfile import load_job, parse_overrides
+
+    options = parse_storage_options(storage_option)
+    try:
+        job = load_job(jobfile, inputs=inputs, outputs=outputs, overrides=parse_overrides(overrides),
+                       run_dir=run_dir, storage_options=options)
+        cluster = dict(
+            name=kw["name"] or f"shardflow-{job.name}", namespace=kw["namespace"], parallelism=kw["parallelism"],
+            tasks_per_pod=kw["tasks_per_pod"], cpu=kw["cpu"], memory=kw["memory"], secrets=kw["secrets"],
+            env=dict(_pairs(kw["env"], "--env")), service_account=kw["service_account"],
+            image_pull_secrets=kw["pull_secrets"], node_selector=dict(_pairs(kw["node_selector"], "--node-selector")),
+            pvcs=_pairs(kw["pvc"], "--pvc", ":"), retries=kw["retries"], ttl=kw["ttl"], deadline=kw["deadline"],
+            tmp_size=kw["tmp_size"],
+        )
+        if kind == "kubernetes":
+            cluster["max_failed_indexes"] = kw["max_failed_indexes"]
+        opts = manifests.from_job(job, image, prepare=not no_prepare, force=force, **cluster)
+        text = manifests.render_options(opts, kind)
+    except (ShardflowError, ValueError) as exc:
+        raise Fail(so.scrub(str(exc), options), EXIT_FAILED) from None
+    except KeyError as exc:  # a ${VAR} storage option whose variable is not set here
+        raise Fail(str(exc.args[0]) if exc.args else repr(exc), EXIT_FAILED) from None
+    per = opts.per_pod(kind)
+    where = "nothing written (--no-prepare)" if no_prepare else f"plan written to {opts.run_dir}"
+    click.echo(f"shardflow: {opts.tasks} tasks, {opts.indexes(kind)} pods of {per} task(s); {where}", err=True)
+    click.echo(text, nl=False)
+
+
+@click.command("k8s")
+@_cluster_options
+@click.option("--max-failed-indexes", type=click.IntRange(min=0), default=None,
+              help="fail the Job once more indexes than this failed [default: 10%]")
+def k8s_command(**kw: Any) -> None:
+    """Plan JOBFILE and print a Kubernetes Indexed Job that runs it (pipe to `kubectl create -f -`)."""
+    _render("kubernetes", **kw)
+
+
+@click.command("argo")
+@_cluster_options
+def argo_command(**kw: Any) -> None:
+    """Plan JOBFILE and print an Argo Workflow that runs it (pipe to `argo submit -`)."""
+    _render("argo", **kw)

@@ -1,0 +1,90 @@
+"""What every `shardflow` command shares: one-line errors, exit codes and --storage-option.
+
+A failure a user can expect (a bad spec, an unreachable bucket, a refused plan) is one line on stderr,
+`shardflow: error: ...`, with credentials scrubbed, never a traceback. Exit codes: 0 success, 1 the
+work finished with failures (or an inspection failed), 2 a job could not start, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import click
+
+from shardflow.errors import ShardflowError
+from shardflow.storage import options as so
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # some tasks failed; an inspection or manifest command failed
+EXIT_ERROR = 2  # a job could not start: bad job file, --set, spec, option, or a refused plan
+EXIT_INTERRUPTED = 130  # Ctrl-C / SIGINT / SIGTERM
+
+STORAGE_OPTION_HELP = (
+    "fsspec storage option (repeatable): key=value, dotted.key=value for nested options, PREFIX:key=value "
+    "to scope one to a URL prefix (s3://bucket:anon=true); values are JSON when they parse as JSON; "
+    "${VAR} reads the environment"
+)
+
+
+class Fail(click.ClickException):
+    """One line on stderr (`shardflow: error: ...`) and the exit status given."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_ERROR) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"shardflow: error: {self.format_message()}", err=True)
+
+
+@contextmanager
+def one_line_errors(options: dict[str, Any] | None = None, *, exit_code: int = EXIT_ERROR,
+                    broken_pipe_ok: bool = False, catch: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+    """Expected failures -> one clean line (secrets scrubbed) and `exit_code`; Ctrl-C -> 130.
+
+    `broken_pipe_ok`: a reader that went away (`shardflow ls ... | head`) ends the command quietly.
+    `catch`: more exception types to report this way (beyond OSError, ValueError, KeyError, ImportError).
+    """
+    try:
+        yield
+    except BrokenPipeError:
+        if not broken_pipe_ok:
+            raise Fail("broken pipe", exit_code) from None
+        _quiet_stdout()
+        raise SystemExit(EXIT_OK) from None
+    except click.ClickException:
+        raise
+    except KeyboardInterrupt:
+        click.echo("shardflow: interrupted", err=True)
+        raise SystemExit(EXIT_INTERRUPTED) from None
+    except ShardflowError as exc:
+        raise Fail(so.scrub(str(exc), options), exit_code) from None
+    except (OSError, ValueError, KeyError, ImportError, *catch) as exc:
+        text = str(exc) or type(exc).__name__
+        raise Fail(so.scrub(f"{type(exc).__name__}: {text}", options), exit_code) from None
+
+
+def _quiet_stdout() -> None:
+    """After a broken pipe, point stdout at /dev/null so the interpreter's final flush is silent."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def storage_option_flag(*, short: bool = True, help: str = STORAGE_OPTION_HELP) -> Callable[[Any], Any]:
+    """The `--storage-option KEY=VALUE` option (and `-o` where the command has no other use for it)."""
+    names = ("--storage-option", "-o") if short else ("--storage-option",)
+    return click.option(*names, "storage_option", multiple=True, metavar="KEY=VALUE", help=help)
+
+
+def parse_storage_options(items: tuple[str, ...]) -> dict[str, Any] | None:
+    """`--storage-option` values as a storage_options dict (None when none were given)."""
+    try:
+        return so.parse_storage_options(items) or None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--storage-option") from None

@@ -1,0 +1,285 @@
+"""`shardflow run`, `plan`, `status`, `jobs` and `demo`: run job files from the command line.
+
+Exit status of `shardflow run` (and what a script or an orchestrator should do):
+
+    0    every task of the plan is done
+    1    the run finished but some tasks failed (they are listed; rerun the same command to retry)
+    2    the job could not start: a bad job file, --set, spec or option, or a refused plan
+    130  interrupted (Ctrl-C / SIGINT / SIGTERM): finished tasks stay done, rerun to resume
+
+Every failure is one line on stderr (`shardflow: error: ...`), never a traceback, with credentials
+scrubbed from it.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from typing import Any
+
+import click
+
+from shardflow.cli.common import (
+    EXIT_ERROR,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    one_line_errors,
+    parse_storage_options,
+    storage_option_flag,
+)
+from shardflow.errors import ShardflowError
+from shardflow.storage import options as so
+
+
+def register(group: click.Group) -> None:
+    """Add `run`, `plan`, `status`, `jobs` and `demo` to the `shardflow` command group."""
+    for command in (run_command, plan_command, status_command, jobs_command, demo_command):
+        group.add_command(command)
+
+
+# ------------------------------------------------------------------------------------------------
+# shared plumbing
+
+
+def _errors(options: dict[str, Any] | None = None) -> Any:
+    """Failures before or around a run: one line, exit status 2; Ctrl-C: 130."""
+    return one_line_errors(options, exit_code=EXIT_ERROR, catch=(TypeError,))
+
+
+def _job_options(fn: Any) -> Any:
+    """The options every command that loads a job file shares."""
+    options = [
+        click.option("--inputs", "-i", metavar="SPEC", help="input shards: brace pattern, glob or URL"),
+        click.option("--outputs", metavar="SPEC",
+                     help="output shards: one per task (same count as the tasks), or a pattern with "
+                     "{task}, {name} (input shard name) and {part} (rollover part)"),
+        click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
+                     help="override a ShardJob option (maxcount, decode, on_error, seed, ...) or a PARAMS "
+                     "key of the job file (repeatable; values are JSON when they parse as JSON)"),
+        click.option("--run-dir", metavar="URL", help="run directory (default: _shardflow beside the outputs)"),
+        storage_option_flag(short=False),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _load(jobfile: str, inputs: str | None, outputs: str | None, settings: tuple[str, ...],
+          run_dir: str | None, storage_options: dict[str, Any] | None) -> Any:
+    from shardflow.run.jobfile import load_job, parse_overrides
+
+    return load_job(jobfile, inputs=inputs, outputs=outputs, overrides=parse_overrides(settings),
+                    run_dir=run_dir, storage_options=storage_options)
+
+
+# ------------------------------------------------------------------------------------------------
+# run
+
+
+def _backend_names() -> list[str]:
+    from shardflow.backends import BACKENDS
+
+    return list(BACKENDS)
+
+
+@click.command("run")
+@click.argument("jobfile")
+@_job_options
+@click.option("--backend", "-b", type=click.Choice(_backend_names()), default="processes", show_default=True,
+              help="where tasks run: serial (this process, in order), processes (local pool), dask")
+@click.option("--workers", "-w", type=click.IntRange(min=1), help="worker processes (default: one per core)")
+@click.option("--address", metavar="URL", help="Dask scheduler address (with --backend dask)")
+@click.option("--force", is_flag=True, help="discard the run directory's progress if it holds a different plan")
+@click.option("--progress/--no-progress", default=None, help="progress bar on stderr (default: when a terminal)")
+@click.option("--json", "as_json", is_flag=True, help="print the report as JSON instead of text")
+def run_command(jobfile: str, inputs: str | None, outputs: str | None, settings: tuple[str, ...],
+                run_dir: str | None, storage_option: tuple[str, ...], backend: str, workers: int | None,
+                address: str | None, force: bool, progress: bool | None, as_json: bool) -> None:
+    """Run a job file over input shards into output shards, resuming where an earlier run stopped.
+
+    JOBFILE is a job file (jobs/augment.py) or the name of a built-in job (augment, resize, filter,
+    reshard: see `shardflow jobs`).
+
+    \b
+      shardflow run augment --inputs 'data/train-{000000..000099}.tar' --outputs 'aug/{name}.tar'
+      shardflow run jobs/resize.py -i 's3://b/in-*.tar' --outputs 's3://b/out/{name}.tar' --set size=256
+
+    Exit status: 0 all tasks done, 1 some tasks failed (listed), 2 the job could not start,
+    130 interrupted (rerun the same command to resume).
+    """
+    options = parse_storage_options(storage_option)
+    if address is not None and backend != "dask":
+        raise click.BadParameter("--address is for --backend dask", param_hint="--address")
+    backend_options: dict[str, Any] = {}
+    if workers is not None:
+        backend_options["workers"] = workers
+    if address is not None:
+        backend_options["address"] = address
+    previous = _sigterm_as_interrupt()
+    try:
+        with _errors(options):
+            job = _load(jobfile, inputs, outputs, settings, run_dir, options)
+            report = job.run(backend, force=force, progress=progress, **backend_options)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=1, sort_keys=True))
+    else:
+        click.echo(so.scrub(str(report), options))
+    if report.interrupted:
+        click.echo(f"shardflow: interrupted with {report.done} of {report.tasks} tasks done; run the same "
+                   "command again to resume", err=True)
+        raise SystemExit(EXIT_INTERRUPTED)
+    if report.failed:
+        ids = sorted(report.failed)
+        shown = ", ".join(map(str, ids[:20])) + (f", ... ({len(ids)} in all)" if len(ids) > 20 else "")
+        click.echo(f"shardflow: {len(ids)} of {report.tasks} tasks failed (tasks {shown}); fix the cause and run "
+                   f"the same command again to retry them (shardflow status {report.run_dir})", err=True)
+        raise SystemExit(EXIT_FAILED)
+    if not report.ok:
+        click.echo(f"shardflow: only {report.done} of {report.tasks} tasks are done; run again to finish", err=True)
+        raise SystemExit(EXIT_FAILED)
+
+
+def _sigterm_as_interrupt() -> Any:
+    """SIGTERM (docker stop, kill) stops a run like Ctrl-C: workers stopped, nothing half-written."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (tests calling main() from a thread)
+        return signal.getsignal(signal.SIGTERM)
+
+
+# ------------------------------------------------------------------------------------------------
+# plan
+
+
+@click.command("plan")
+@click.argument("jobfile")
+@_job_options
+@click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True, help="tasks to list (0: all)")
+@click.option("--json", "as_json", is_flag=True, help="print the plan as JSON")
+def plan_command(jobfile: str, inputs: str | None, outputs: str | None, settings: tuple[str, ...],
+                 run_dir: str | None, storage_option: tuple[str, ...], limit: int, as_json: bool) -> None:
+    """Show the tasks a run would execute, without running or writing anything.
+
+    Also says what the run directory already holds: the same plan (and how far it got), a
+    different plan (a run would be refused without --force), or nothing yet.
+    """
+    from shardflow.run.jobfile import job_from_file, load_job_file, parse_overrides
+    from shardflow.run.rundir import plan_fingerprint
+
+    options = parse_storage_options(storage_option)
+    with _errors(options):
+        loaded = load_job_file(jobfile)
+        job = job_from_file(loaded, inputs=inputs, outputs=outputs, overrides=parse_overrides(settings),
+                            run_dir=run_dir, storage_options=options)
+        tasks = job.plan()
+        task_json = [t.to_json() for t in tasks]
+        rundir = job.rundir()
+        state = "empty"
+        done: set[int] = set()
+        if rundir.exists("plan.json"):
+            same = rundir.read_json("plan.json").get("fingerprint") == plan_fingerprint(task_json, job.settings())
+            state = "same" if same else "different"
+            if same:
+                done = rundir.done_ids()
+    if as_json:
+        click.echo(json.dumps({
+            "job": job.describe(), "job_file": str(loaded.path), "params": loaded.params, "run_dir": job.run_dir,
+            "run_dir_state": state, "done": sorted(done), "tasks": task_json,
+        }, indent=1, sort_keys=True, default=repr))
+        return
+    click.echo(f"job {job.name} ({loaded.path}){': ' + loaded.summary() if loaded.summary() else ''}")
+    described = {k: v for k, v in job.describe().items() if k not in ("name", "fn", "params") and v is not None}
+    click.echo("options: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in described.items()))
+    if loaded.params is not None:
+        click.echo("params: " + ", ".join(f"{k}={json.dumps(v, default=repr)}" for k, v in loaded.params.items()))
+    ninputs = sum(len(t.inputs) for t in tasks)
+    click.echo(f"{len(tasks)} tasks over {ninputs} input shards; run directory {job.run_dir}")
+    if state == "same":
+        click.echo(f"the run directory holds this plan: {len(done)} of {len(tasks)} tasks done")
+    elif state == "different":
+        click.echo("the run directory holds a DIFFERENT plan: `shardflow run` refuses it unless given --force "
+                   "(which discards that progress), or use another --run-dir")
+    shown = tasks if limit == 0 else tasks[:limit]
+    for task in shown:
+        mark = " [done]" if task.id in done else ""
+        inputs_text = task.inputs[0] if len(task.inputs) == 1 else f"{task.inputs[0]} ... ({len(task.inputs)} shards)"
+        click.echo(f"  task {task.id:>6}: {inputs_text} -> {task.output}{mark}")
+    if len(shown) < len(tasks):
+        click.echo(f"  ... {len(tasks) - len(shown)} more (--limit 0 lists all)")
+    if tasks:
+        click.echo(f"rollover parts of a task are named like {tasks[0].output_parts.format(part=1)}")
+
+
+# ------------------------------------------------------------------------------------------------
+# status
+
+
+@click.command("status")
+@click.argument("run_dir")
+@click.option("--errors", "nerrors", type=click.IntRange(min=0), default=5, show_default=True,
+              help="dropped samples and failed tasks to show")
+@click.option("--json", "as_json", is_flag=True, help="print the status as JSON")
+@storage_option_flag(short=False, help="fsspec storage option for the run directory (repeatable)")
+def status_command(run_dir: str, nerrors: int, as_json: bool, storage_option: tuple[str, ...]) -> None:
+    """How far a run got, from its run directory alone (the outputs are not read).
+
+    Tasks done / failed / pending, samples in and out, the sample errors by type and the last
+    failures. Works while a run is going on, from any machine that can read the run directory.
+    """
+    from shardflow.run.status import read_status
+
+    options = parse_storage_options(storage_option)
+    with _errors(options):
+        status = read_status(run_dir, so.options_for(run_dir, options) if options else None, examples=nerrors)
+    if as_json:
+        click.echo(json.dumps(status.to_json(), indent=1, sort_keys=True))
+    else:
+        click.echo(so.scrub(str(status), options))
+
+
+# ------------------------------------------------------------------------------------------------
+# jobs
+
+
+@click.command("jobs")
+def jobs_command() -> None:
+    """List the built-in jobs (`shardflow run NAME`), with the file each one loads."""
+    from shardflow.run.jobfile import builtin_jobs, job_summary
+
+    for name, path in builtin_jobs().items():
+        try:
+            summary = job_summary(path)
+        except ShardflowError as exc:
+            summary = f"(cannot load: {exc})"
+        click.echo(f"{name:10} {summary}\n{'':10} {path}")
+
+
+# ------------------------------------------------------------------------------------------------
+# demo
+
+
+@click.command("demo")
+@click.option("--dir", "directory", default="shardflow-demo", show_default=True, type=click.Path(file_okay=False),
+              help="where to write the input shards, the outputs and the run directory")
+@click.option("--samples", type=click.IntRange(min=1), default=256, show_default=True, help="samples in all")
+@click.option("--shards", type=click.IntRange(min=1), default=4, show_default=True, help="input shards")
+@click.option("--workers", "-w", type=click.IntRange(min=1), help="worker processes (default: one per core)")
+def demo_command(directory: str, samples: int, shards: int, workers: int | None) -> None:
+    """Make a small synthetic image dataset and run the built-in augment job on it.
+
+    Writes SHARDS tar shards of 512x384 JPEG + json (with a label) under DIR/input, runs
+    jobs/augment.py (decode, flip, noise, png + cls) with the local processes backend into
+    DIR/augmented, prints the report and reads a few results back.
+    """
+    from shardflow.run.demo import run_demo
+
+    with _errors():
+        report = run_demo(directory, samples=samples, workers=workers, shards=shards, echo=click.echo)
+    if not report.ok:
+        raise SystemExit(EXIT_INTERRUPTED if report.interrupted else EXIT_FAILED)

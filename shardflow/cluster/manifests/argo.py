@@ -1,0 +1,91 @@
+"""An Argo Workflow that runs a planned shardflow job: a fan-out over chunk ids, then a summary step.
+
+The fan-out is `withSequence: {count: N}`, so the Workflow stays a few KB whatever the number of
+shards (etcd's 1.5 MB object limit is never near). Each item runs `shardflow worker --index {{item}}`
+with a retryStrategy that backs off and never retries exit 65 (bad input) or 78 (fatal); the last
+step, `shardflow worker --finalize`, rebuilds summary.json from the completion markers and fails the
+Workflow when a task is missing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardflow.cluster.manifests.common import (
+    EXIT_BAD_INPUT,
+    EXIT_RETRY,
+    EXIT_STOP,
+    ClusterOptions,
+    container,
+    pod_extras,
+    pod_security,
+    storage_args,
+    volumes,
+    worker_args,
+)
+
+KIND = "argo"
+
+# `lastRetry.status == 'Error'`: the pod itself failed (evicted, deleted, node lost): always worth a retry
+RETRY_EXPRESSION = (f"lastRetry.status == 'Error' || "
+                    f"!(asInt(lastRetry.exitCode) in [{EXIT_BAD_INPUT}, {EXIT_STOP}])")
+FINALIZE_RETRY_EXPRESSION = f"lastRetry.status == 'Error' || asInt(lastRetry.exitCode) == {EXIT_RETRY}"
+
+
+def retry_strategy(limit: int, expression: str) -> dict[str, Any]:
+    return {
+        "limit": str(limit),
+        "retryPolicy": "Always",
+        "expression": expression,
+        "backoff": {"duration": "30s", "factor": "2", "maxDuration": "30m"},
+    }
+
+
+def workflow_manifest(opts: ClusterOptions) -> dict[str, Any]:
+    """The Workflow as a dict (dump it with common.dump)."""
+    count = opts.indexes(KIND)
+    labels = opts.all_labels()
+    metadata: dict[str, Any] = {"generateName": f"{opts.name}-"}
+    if opts.namespace:
+        metadata["namespace"] = opts.namespace
+    metadata["labels"] = labels
+    metadata["annotations"] = opts.annotations(KIND)
+    spec: dict[str, Any] = {"entrypoint": "main", **pod_extras(opts)}
+    if opts.deadline:
+        spec["activeDeadlineSeconds"] = opts.deadline
+    spec.update({
+        "podGC": {"strategy": "OnPodSuccess"},  # failed pods stay for their logs until the TTL
+        "ttlStrategy": {"secondsAfterCompletion": opts.ttl},
+        "podMetadata": {"labels": labels},
+        "securityContext": pod_security(),
+        "volumes": volumes(opts),
+    })
+    worker = worker_args(opts, KIND)
+    spec["templates"] = [
+        {
+            "name": "main",
+            "parallelism": min(opts.parallelism, count),
+            "steps": [
+                [{
+                    "name": "chunks",
+                    "template": "chunk",
+                    "arguments": {"parameters": [{"name": "index", "value": "{{item}}"}]},
+                    "withSequence": {"count": str(count)},
+                    "continueOn": {"failed": True},  # the summary step still runs and tells what failed
+                }],
+                [{"name": "summary", "template": "finalize"}],
+            ],
+        },
+        {
+            "name": "chunk",
+            "inputs": {"parameters": [{"name": "index"}]},
+            "retryStrategy": retry_strategy(opts.retries, RETRY_EXPRESSION),
+            "container": container(opts, [*worker, "--index", "{{inputs.parameters.index}}"]),
+        },
+        {
+            "name": "finalize",
+            "retryStrategy": retry_strategy(opts.retries, FINALIZE_RETRY_EXPRESSION),
+            "container": container(opts, ["worker", "--run-dir", opts.run_dir, "--finalize", *storage_args(opts)]),
+        },
+    ]
+    return {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": metadata, "spec": spec}

@@ -1,0 +1,246 @@
+"""What a Kubernetes Job and an Argo Workflow of shardflow share: the pod, its container, chunking.
+
+The manifests carry no shard URLs and no credentials: the plan and the pickled job live in the run
+directory, and each pod only learns its chunk index (JOB_COMPLETION_INDEX, or an Argo item).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import yaml
+
+from shardflow.cluster.contract import EXIT_BAD_INPUT, EXIT_RETRY, EXIT_STOP, chunk_count
+from shardflow.errors import JobError
+from shardflow.storage import options as so
+
+if TYPE_CHECKING:
+    from shardflow.run.job import ShardJob
+
+CONTAINER = "worker"
+UID = 10001  # the image's non-root user (docker/Dockerfile)
+MAX_INDEXES = 100_000  # Kubernetes' limit on completions of an Indexed Job
+AUTO_INDEXES = {"kubernetes": 10_000, "argo": 2_000}  # auto --tasks-per-pod keeps chunks under these
+_DNS_LABEL = re.compile(r"[^a-z0-9-]+")
+
+__all__ = ["ClusterOptions", "EXIT_BAD_INPUT", "EXIT_RETRY", "EXIT_STOP", "dump", "from_job"]
+
+
+@dataclass
+class ClusterOptions:
+    """Everything a manifest says; `from_job` fills the job's part (task count, run dir, name)."""
+
+    image: str
+    run_dir: str
+    tasks: int
+    name: str = "shardflow"
+    namespace: str | None = None
+    parallelism: int = 16
+    tasks_per_pod: int | None = None  # None: auto (1, or more when the tasks would need too many pods)
+    cpu: str = "1"
+    memory: str = "2Gi"
+    secrets: Sequence[str] = ()  # Secret names whose keys become env vars (envFrom/secretRef)
+    env: Mapping[str, str] = field(default_factory=dict)  # plain, non-secret env vars
+    storage_options: Sequence[str] = ()  # `-o KEY=VALUE` items for the worker (never secrets)
+    service_account: str | None = None
+    image_pull_secrets: Sequence[str] = ()
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    pvcs: Sequence[tuple[str, str]] = ()  # (claim name, mount path)
+    retries: int = 3  # backoffLimitPerIndex / Argo retryStrategy.limit
+    max_failed_indexes: int | None = None  # None: 10% of the indexes (at least 1)
+    ttl: int = 86_400  # seconds a finished Job/Workflow is kept
+    deadline: int | None = None  # activeDeadlineSeconds of the whole run
+    tmp_size: str = "1Gi"
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.tasks < 1:
+            raise JobError("the plan has no tasks")
+        for name in ("parallelism", "retries", "ttl"):
+            if getattr(self, name) < (0 if name in ("retries", "ttl") else 1):
+                raise JobError(f"{name} must be >= {0 if name in ('retries', 'ttl') else 1}")
+        if self.tasks_per_pod is not None and self.tasks_per_pod < 1:
+            raise JobError("tasks per pod must be >= 1")
+        for key in self.env:
+            if so.is_secret_name(key):
+                raise JobError(f"env {key} looks like a secret: put it in a Kubernetes Secret and pass --secret NAME")
+        self.name = k8s_name(self.name)
+
+    def per_pod(self, kind: str) -> int:
+        """Tasks per index: as given, else the fewest that keep the index count under AUTO_INDEXES."""
+        per = self.tasks_per_pod or max(1, math.ceil(self.tasks / AUTO_INDEXES[kind]))
+        if chunk_count(self.tasks, per) > MAX_INDEXES:
+            raise JobError(f"{self.tasks} tasks at {per} per pod need more than {MAX_INDEXES} indexes; "
+                           f"use --tasks-per-pod {math.ceil(self.tasks / MAX_INDEXES)} or more")
+        return per
+
+    def indexes(self, kind: str) -> int:
+        return chunk_count(self.tasks, self.per_pod(kind))
+
+    def all_labels(self) -> dict[str, str]:
+        return {
+            "app.kubernetes.io/name": "shardflow",
+            "app.kubernetes.io/instance": self.name,
+            "app.kubernetes.io/component": "worker",
+            "app.kubernetes.io/managed-by": "shardflow",
+            **self.labels,
+        }
+
+    def annotations(self, kind: str) -> dict[str, str]:
+        return {
+            "shardflow/run-dir": self.run_dir,
+            "shardflow/tasks": str(self.tasks),
+            "shardflow/tasks-per-index": str(self.per_pod(kind)),
+        }
+
+
+def k8s_name(text: str, limit: int = 50) -> str:
+    """A DNS-1123 label (lower-case letters, digits, '-'), short enough for pod names to add a suffix."""
+    name = _DNS_LABEL.sub("-", text.lower()).strip("-")[:limit].strip("-")
+    if not name:
+        raise JobError(f"cannot make a Kubernetes name from {text!r}")
+    return name
+
+
+def worker_args(opts: ClusterOptions, kind: str) -> list[str]:
+    """`shardflow worker` arguments shared by every index (the index itself comes separately)."""
+    return ["worker", "--run-dir", opts.run_dir, "--tasks-per-index", str(opts.per_pod(kind)), *storage_args(opts)]
+
+
+def storage_args(opts: ClusterOptions) -> list[str]:
+    return [arg for item in opts.storage_options for arg in ("--storage-option", item)]
+
+
+def container(opts: ClusterOptions, args: list[str]) -> dict[str, Any]:
+    env = [{"name": "HOME", "value": "/tmp"}, {"name": "PYTHONUNBUFFERED", "value": "1"}]
+    env += [{"name": k, "value": str(v)} for k, v in sorted(opts.env.items())]
+    spec: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": opts.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["shardflow"],
+        "args": args,
+        "env": env,
+    }
+    if opts.secrets:
+        spec["envFrom"] = [{"secretRef": {"name": s}} for s in opts.secrets]
+    spec["resources"] = {"requests": {"cpu": opts.cpu, "memory": opts.memory}, "limits": {"memory": opts.memory}}
+    spec["securityContext"] = {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    mounts = [{"name": "tmp", "mountPath": "/tmp"}]
+    mounts += [{"name": f"data-{i}", "mountPath": path} for i, (_, path) in enumerate(opts.pvcs)]
+    spec["volumeMounts"] = mounts
+    return spec
+
+
+def pod_security() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": UID,
+        "runAsGroup": UID,
+        "fsGroup": UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def volumes(opts: ClusterOptions) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {"sizeLimit": opts.tmp_size}}]
+    for i, (claim, _) in enumerate(opts.pvcs):
+        out.append({"name": f"data-{i}", "persistentVolumeClaim": {"claimName": claim}})
+    return out
+
+
+def pod_extras(opts: ClusterOptions) -> dict[str, Any]:
+    """Optional pod-spec fields (service account, pull secrets, node selector) when given."""
+    out: dict[str, Any] = {}
+    if opts.service_account:
+        out["serviceAccountName"] = opts.service_account
+    if opts.image_pull_secrets:
+        out["imagePullSecrets"] = [{"name": s} for s in opts.image_pull_secrets]
+    if opts.node_selector:
+        out["nodeSelector"] = dict(sorted(opts.node_selector.items()))
+    return out
+
+
+# -- from a job -----------------------------------------------------------------------------------
+def worker_storage_options(job: "ShardJob", url: str, *, warn: bool = True) -> list[str]:
+    """`-o` items that let a pod open the run directory, secrets left out (they come from --secret)."""
+    raw = so.options_for(url, job.storage_options, resolve_env=False)
+    items, dropped = [], []
+    for key, value in _flatten(raw):
+        leaf = key.rsplit(".", 1)[-1]
+        if so.redact({leaf: value}) != {leaf: value}:  # a secret value, or a URL with credentials
+            dropped.append(key)
+            continue
+        items.append(f"{key}={_option_text(value)}")
+    if dropped and warn:
+        print(f"shardflow: storage option(s) {', '.join(dropped)} left out of the manifest (secret values); "
+              "give pods their credentials with --secret NAME (a Kubernetes Secret whose keys are env vars "
+              "such as AWS_SECRET_ACCESS_KEY), or write them as ${VAR} references", file=sys.stderr)
+    return items
+
+
+def _flatten(options: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    out = []
+    for key, value in options.items():
+        if isinstance(value, Mapping) and value:
+            out += _flatten(value, f"{prefix}{key}.")
+        else:
+            out.append((f"{prefix}{key}", value))
+    return out
+
+
+def _option_text(value: Any) -> str:
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except ValueError:
+            return value
+        return json.dumps(value)  # "3" or "true" as text: quoted so the worker keeps it a string
+    return json.dumps(value)
+
+
+def from_job(job: "ShardJob", image: str, *, prepare: bool = True, force: bool = False,
+             **options: Any) -> ClusterOptions:
+    """ClusterOptions for `job`; with `prepare`, the plan and job.pkl are written to its run dir first.
+
+    Without `prepare` nothing is written: the task count comes from the inputs spec (brace patterns
+    need no storage access; globs are listed once).
+    """
+    if prepare:
+        job.prepare(force=force)
+    tasks = len(job.plan())
+    options.setdefault("name", f"shardflow-{job.name}")
+    if "storage_options" not in options:
+        options["storage_options"] = worker_storage_options(job, job.run_dir)
+    return ClusterOptions(image=image, run_dir=job.run_dir, tasks=tasks, **options)
+
+
+# -- YAML -------------------------------------------------------------------------------------------
+class _Dumper(yaml.SafeDumper):
+    def ignore_aliases(self, data: Any) -> bool:  # no &id001 anchors: manifests are read by people
+        return True
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def dump(manifest: Mapping[str, Any], header: str = "") -> str:
+    """YAML text of a manifest (key order kept), with `header` as leading comment lines."""
+    body = yaml.dump(dict(manifest), Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=4096)
+    lines = "".join(f"# {line}\n".replace("# \n", "#\n") for line in header.splitlines())
+    return lines + body

@@ -1,0 +1,207 @@
+"""`shardflow worker`: run one chunk of a planned job inside a pod (Kubernetes, Argo, any batch system).
+
+A chunk is a fixed slice of task ids: index I with K tasks per index runs tasks [I*K, (I+1)*K) of the
+plan in the run directory, through the same `run_task` every backend uses, with the job unpickled
+from the run directory. Tasks already marked done are skipped, so rerunning an index is always safe.
+
+The exit status tells the orchestrator what to do next (Kubernetes podFailurePolicy, Argo
+retryStrategy); see `EXIT_CODES` and docs/kubernetes.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import time
+from typing import Any, Iterator, TextIO
+
+import cloudpickle
+
+from shardflow.cluster.contract import (
+    EXIT_BAD_INPUT,
+    EXIT_CODES,
+    EXIT_OK,
+    EXIT_RETRY,
+    EXIT_STOP,
+    WorkerExit,
+    chunk_of,
+    exit_code,
+)
+from shardflow.errors import JobError
+from shardflow.run.report import RunReport, build_report
+from shardflow.run.run_task import run_task
+from shardflow.run.rundir import RunDir, task_name
+from shardflow.run.task import Task, TaskResult
+from shardflow.storage import options as so
+
+
+class Preempted(BaseException):
+    """Raised by the SIGTERM/SIGINT handler. A BaseException, so that run_task does not record it as a
+    task failure: the writers abort (nothing half-written stays visible) and the worker exits 75."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stop_on_signals(signums: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> Iterator[None]:
+    """Turn SIGTERM/SIGINT into `Preempted` while the block runs (main thread only)."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Preempted(signum)
+
+    old = {s: signal.signal(s, handler) for s in signums}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def open_run_dir(url: str, storage_options: dict[str, Any] | None) -> tuple[RunDir, dict[str, Any]]:
+    """The run directory and its plan; failures mapped to exit codes (unreachable: retry)."""
+    try:
+        run_dir = RunDir(url, storage_options)
+    except OSError as exc:  # a filesystem that connects when created
+        raise WorkerExit(EXIT_RETRY, f"run directory {url} unreachable: {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - s3fs/gcsfs missing from the image, bad options, unset ${VAR}
+        raise WorkerExit(EXIT_STOP, f"cannot use run directory {url}: {type(exc).__name__}: {exc}") from exc
+    try:
+        plan = run_dir.load_plan()
+    except JobError as exc:  # reachable, but no plan.json: the Job was submitted before the plan
+        raise WorkerExit(EXIT_STOP, f"{exc}; write it with `shardflow k8s/argo` (without --no-prepare) "
+                                    "or `shardflow plan` before starting the pods") from exc
+    except Exception as exc:  # noqa: BLE001 - network, permissions, throttling: all worth a retry
+        raise WorkerExit(EXIT_RETRY, f"run directory {url} unreachable: {type(exc).__name__}: {exc}") from exc
+    return run_dir, plan
+
+
+def load_run_job(run_dir: RunDir, *, rebind: bool = False) -> Any:
+    """The pickled job, bound to `run_dir` (the URL this pod reaches it by).
+
+    With `rebind`, the run directory is reopened with the job's own storage options for its URL
+    (`${VAR}` references resolve in this pod's environment), for workers given no options.
+    """
+    try:
+        data = run_dir.read_bytes("job.pkl")
+    except FileNotFoundError as exc:
+        raise WorkerExit(EXIT_STOP, f"no job.pkl in run directory {run_dir.url}") from exc
+    except Exception as exc:  # noqa: BLE001
+        raise WorkerExit(EXIT_RETRY, f"run directory {run_dir.url} unreachable: {type(exc).__name__}: {exc}") from exc
+    try:
+        job = cloudpickle.loads(data)
+    except Exception as exc:  # noqa: BLE001 - a module missing from the image, a version mismatch
+        raise WorkerExit(
+            EXIT_STOP,
+            f"cannot load the job from {run_dir.url}/job.pkl in this image ({type(exc).__name__}: {exc}); "
+            "the image must hold the job's module and the packages it imports",
+        ) from exc
+    # the pod may reach the run directory by another URL or options than the submitter did
+    if rebind:
+        try:
+            options = job.options_for(run_dir.url)
+        except KeyError as exc:  # a ${VAR} reference this pod's environment does not set
+            raise WorkerExit(EXIT_STOP, f"storage options of the run directory: {exc.args[0]}") from exc
+        if options:
+            run_dir = RunDir(run_dir.url, options)
+    job.bind_run_dir(run_dir)
+    return job
+
+
+def chunk_exit_code(results: list[TaskResult], on_error: str) -> int:
+    """One exit status for a chunk's results (see contract.exit_code)."""
+    return exit_code([r.kind for r in results if r.status == "failed"], on_error)
+
+
+def _log(out: TextIO, text: str) -> None:
+    print(text, file=out, flush=True)
+
+
+def run_chunk(url: str, index: int, tasks_per_index: int = 1, *, storage_options: dict[str, Any] | None = None,
+              out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    """Run the tasks of one index; returns the exit status (see EXIT_CODES). Never raises for a failure."""
+    try:
+        with stop_on_signals():
+            return _run_chunk(url, index, tasks_per_index, storage_options, out)
+    except Preempted as exc:
+        _log(err, f"shardflow worker: index {index} stopped by {exc}; unfinished work discarded, retry later")
+        return EXIT_RETRY
+    except WorkerExit as exc:
+        _log(err, so.scrub(f"shardflow worker: index {index}: {exc} (exit {exc.code})", storage_options))
+        return exc.code
+
+
+def _run_chunk(url: str, index: int, tasks_per_index: int, storage_options: dict[str, Any] | None,
+               out: TextIO) -> int:
+    started = time.perf_counter()
+    run_dir, plan = open_run_dir(url, storage_options)
+    tasks = plan.get("tasks", [])
+    chunk = chunk_of(index, tasks_per_index, len(tasks))
+    job = load_run_job(run_dir, rebind=storage_options is None)
+    results: list[TaskResult] = []
+    for task_id in chunk.task_ids:
+        task = Task.from_json(tasks[task_id])
+        try:
+            result = run_task(task, job)  # records task failures itself; what escapes is run-dir trouble
+        except Exception as exc:  # noqa: BLE001 - the run directory went away mid-chunk
+            raise WorkerExit(EXIT_RETRY, f"task {task.id}: {type(exc).__name__}: {exc}") from exc
+        results.append(result)
+        line = f"task {task.id}: {result.status}"
+        if result.status == "failed":
+            line += f" [{result.kind}] {result.error}"
+        else:
+            line += f" ({result.stats.samples_in} samples in, {result.stats.samples_out} out)"
+        _log(out, so.scrub(line, job.storage_options))
+        if result.status == "failed" and chunk_exit_code([result], job.on_error) == EXIT_STOP:
+            break
+    code = chunk_exit_code(results, job.on_error)
+    done = sum(r.ok for r in results)
+    _log(out, f"index {index}: {done}/{len(chunk.task_ids)} tasks done in {time.perf_counter() - started:.1f} s "
+              f"-> exit {code} ({EXIT_CODES[code]})")
+    return code
+
+
+def finalize(url: str, *, storage_options: dict[str, Any] | None = None, out: TextIO = sys.stdout,
+             err: TextIO = sys.stderr) -> int:
+    """Rebuild summary.json from the done/ and failed/ markers; 0 when every task is done.
+
+    Exit 65 when the run is incomplete (failed or missing tasks: rerunning this step changes nothing),
+    75 when the run directory is unreachable, 78 when it holds no plan.
+    """
+    try:
+        with stop_on_signals():
+            run_dir, plan = open_run_dir(url, storage_options)
+            try:
+                report = write_summary(run_dir, plan)
+            except Exception as exc:  # noqa: BLE001
+                raise WorkerExit(EXIT_RETRY, f"cannot write summary: {type(exc).__name__}: {exc}") from exc
+    except Preempted as exc:
+        _log(err, f"shardflow worker --finalize: stopped by {exc}")
+        return EXIT_RETRY
+    except WorkerExit as exc:
+        _log(err, so.scrub(f"shardflow worker --finalize: {exc} (exit {exc.code})", storage_options))
+        return exc.code
+    _log(out, str(report))
+    if report.ok:
+        return EXIT_OK
+    missing = report.tasks - report.done - len(report.failed)
+    _log(err, f"shardflow worker --finalize: run incomplete: {len(report.failed)} failed, {missing} never finished; "
+              f"see {run_dir.url}/summary.json")
+    return EXIT_BAD_INPUT
+
+
+def write_summary(run_dir: RunDir, plan: dict[str, Any] | None = None) -> RunReport:
+    """summary.json rebuilt from the markers alone (after pods, whatever ran them); returns the RunReport."""
+    plan = plan if plan is not None else run_dir.load_plan()
+    task_ids = [int(t["id"]) for t in plan.get("tasks", [])]
+    done = run_dir.done_ids()
+    results: dict[int, TaskResult] = {}
+    for task_id in sorted(run_dir.failed_ids() - done):
+        try:
+            record = run_dir.read_json(f"failed/{task_name(task_id)}.json")
+        except FileNotFoundError:
+            continue
+        results[task_id] = TaskResult.failed(task_id, record.get("error"), record.get("kind"))
+    return build_report(run_dir, task_ids, results, time.perf_counter(), skipped=len(done & set(task_ids)))

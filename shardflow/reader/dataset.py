@@ -1,0 +1,357 @@
+"""ShardDataset: the training reader (a PyTorch IterableDataset).
+
+    ds = sf.ShardDataset("s3://b/train-{000000..000554}.tar", decode="torchrgb8", shuffle=1000,
+                         batch_size=64, seed=0, equalize="drop")
+    loader = sf.Loader(ds, num_workers=8)          # or DataLoader(ds, batch_size=None, num_workers=8)
+    for epoch in range(start, epochs):
+        for batch in loader: ...                   # batch["jpg"]: uint8 (64, 3, H, W); batch["__key__"]: list
+        torch.save({"loader": loader.state_dict(), ...})   # any time, mid-epoch too
+
+The dataset composes the parts of this package: its options (settings.py), the split over ranks and
+workers (layout.py, split.py), one consumer's epoch as a chain of stages (stream.py) and the
+resume state (state.py). It keeps only what changes between epochs: the epoch, and where in-process
+iteration got to.
+
+Guarantees (the long version: Loader's docstring):
+- one epoch = every sample exactly once over all ranks and workers (unless equalize/epoch_size ask for
+  fixed counts; resampled=True draws shards with replacement instead);
+- the order is a function of (seed, epoch, rank, worker) only, through integer hashing;
+- `Loader.state_dict()` taken after the n-th batch, loaded into a new Loader (same shards, seed,
+  world size and num_workers), yields exactly the batches the first one had not yet returned.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from shardflow.reader.cache import ShardCache
+from shardflow.reader.collate import collate
+from shardflow.reader.gpu import GpuDecoder
+from shardflow.reader.layout import Layout
+from shardflow.reader.manifest import ShardManifest
+from shardflow.reader.prepare import SampleDecoders, SamplePreparer
+from shardflow.reader.settings import ReaderSettings
+from shardflow.reader.shard_source import ShardSource
+from shardflow.reader.shm import RingConfig
+from shardflow.reader.split import Assignment
+from shardflow.reader.state import (
+    EndOfWorker,
+    EpochProgress,
+    ErrorCount,
+    Position,
+    StateScope,
+    fingerprint,
+    order_config,
+)
+from shardflow.reader.stream import Cursor, EpochStream
+from shardflow.reader.warn_once import warn_once
+from shardflow.storage.specs import expand
+
+
+class _Setting:
+    """A ShardDataset attribute backed by a field of its ReaderSettings. Assigning to it (as code
+    written for the old plain attributes does, e.g. `ds.gpu_decode = True`) replaces the settings."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        return self if obj is None else getattr(obj.settings, self.name)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        obj.settings = dataclasses.replace(obj.settings, **{self.name: value})
+
+
+class ShardDataset(IterableDataset):
+    """Samples (or batches) of WebDataset tar shards from any fsspec URL, split across ranks and
+    DataLoader workers so that an epoch delivers every sample once.
+
+    Parameters
+    - spec: shard spec (brace pattern, glob, list; see shardflow.storage.specs.expand).
+    - decode: image spec for codecs.Decoder (`"torchrgb8"`, `"torchrgb"`, `"rgb8"`, `"pil"`, ... or None
+      for raw bytes). `"torchrgb8-gpu"` (or `gpu_decode=True`) decodes JPEGs on the GPU in batches in
+      the main process (Loader, or in-process iteration); without a GPU it warns and decodes on CPU.
+    - only, allow_pickle: passed to the Decoder.
+    - shuffle: shuffle-buffer size in samples (True: 1000; 0/False: keep order). The buffer holds raw
+      (still encoded) samples. shardshuffle: shuffle the shard order per epoch (default: shuffle > 0).
+    - batch_size: batch inside each worker (whole batches cross the process boundary); partial: keep
+      each worker's last incomplete batch; collate: custom collate function (default `collate`).
+    - seed, set_epoch(e): the order is a function of (seed, epoch, rank, worker); seed=None picks one.
+    - resampled: draw shards with replacement forever (epoch_size then bounds an epoch).
+    - epoch_size: samples per epoch over all ranks (fixes the count, for len() and resampled streams).
+    - equalize: None, "drop" or "pad": the same number of samples (and batches) on every rank.
+    - map: fn(sample) -> sample or None (drop); raise SkipSample to skip and count.
+    - to_tuple: fields to return as a tuple, e.g. "jpg;png cls" ("a;b" = first present).
+    - manifest: sample counts per shard; None: use `<dir of first shard>/_shardflow/summary.json` if
+      it lists every shard; a run-dir/summary.json URL; a list of ShardInfo dicts; False: never.
+    - channels_last: image batches of torch uint8 specs come as (B, C, H, W) tensors in channels-last
+      memory (`batch.is_contiguous(memory_format=torch.channels_last)`): the decoded HWC pixels are
+      copied into the batch as they are, skipping the HWC -> CHW transposition (a quarter of the
+      decode cost at 256x256). Same values; use `.reshape`, not `.view`, on them.
+    - storage_options: fsspec options (flat or per URL prefix). cache_dir/cache_size: local LRU cache
+      of remote shards.
+    - on_error: "raise", "skip" or "warn" (skip and warn) for bad samples and damaged shards. A shard
+      that cannot be opened (missing) is always an error naming it.
+    - split_by_node / split_by_worker, rank / world_size: override the splitting (default: split by
+      torch.distributed rank when initialised, else the RANK/WORLD_SIZE environment, and by worker).
+    """
+
+    # the options, as attributes (see ReaderSettings)
+    decode = _Setting()
+    only = _Setting()
+    allow_pickle = _Setting()
+    gpu_decode = _Setting()
+    device = _Setting()
+    channels_last = _Setting()
+    map = _Setting()
+    to_tuple = _Setting()
+    shuffle = _Setting()
+    shardshuffle = _Setting()
+    seed = _Setting()
+    resampled = _Setting()
+    epoch_size = _Setting()
+    equalize = _Setting()
+    batch_size = _Setting()
+    partial = _Setting()
+    collate_fn = _Setting()
+    split_by_node = _Setting()
+    split_by_worker = _Setting()
+    on_error = _Setting()
+    storage_options = _Setting()
+    allow_pipe = _Setting()
+    cache_dir = _Setting()
+    cache_size = _Setting()
+
+    def __init__(
+        self,
+        spec: str | Sequence[str],
+        *,
+        decode: str | None = "torchrgb8",
+        only: Iterable[str] | str | None = None,
+        allow_pickle: bool = False,
+        shuffle: int | bool = 0,
+        shardshuffle: bool | None = None,
+        batch_size: int | None = None,
+        partial: bool = True,
+        collate: Callable[[list[Any]], Any] | None = None,
+        seed: int | None = 0,
+        resampled: bool = False,
+        epoch_size: int | None = None,
+        equalize: str | None = None,
+        map: Callable[[dict[str, Any]], Any] | None = None,  # noqa: A002 (webdataset's name)
+        to_tuple: str | Sequence[str] | None = None,
+        manifest: Any = None,
+        storage_options: dict[str, Any] | None = None,
+        cache_dir: str | None = None,
+        cache_size: int | str = "20GB",
+        on_error: str = "warn",
+        split_by_node: bool = True,
+        split_by_worker: bool = True,
+        rank: int | None = None,
+        world_size: int | None = None,
+        gpu_decode: bool = False,
+        device: str | torch.device = "cuda",
+        channels_last: bool = False,
+        allow_pipe: bool = False,
+    ) -> None:
+        super().__init__()
+        settings = ReaderSettings.from_options(
+            decode=decode, only=only, allow_pickle=allow_pickle, shuffle=shuffle, shardshuffle=shardshuffle,
+            batch_size=batch_size, partial=partial, collate=collate, seed=seed, resampled=resampled,
+            epoch_size=epoch_size, equalize=equalize, map=map, to_tuple=to_tuple, storage_options=storage_options,
+            cache_dir=cache_dir, cache_size=cache_size, on_error=on_error, split_by_node=split_by_node,
+            split_by_worker=split_by_worker, rank=rank, world_size=world_size, gpu_decode=gpu_decode,
+            device=device, channels_last=channels_last, allow_pipe=allow_pipe,
+        )
+        self._decoders = SampleDecoders.create(settings)  # now: a Decoder snapshots the registered codecs
+        self.spec = spec
+        self.urls = expand(spec, storage_options)
+        self.fingerprint = fingerprint(self.urls)
+        self._manifest = ShardManifest.load(manifest, self.urls, storage_options)
+        settings.check_counts(self._manifest.counts is not None)
+        self.settings = settings
+        self.epoch = 0
+        self._iterations = 0  # iterations of this object since set_epoch (see __iter__)
+        self._cache: ShardCache | None = None
+        # in-process iteration: where the next epoch starts, how far the current one got
+        self._resume: EpochProgress | None = None
+        self._progress: EpochProgress | None = None
+        # set on the copy a Loader iterates (see for_loader)
+        self._tagged = False  # yield (item, ConsumerTag) pairs
+        self._ring: RingConfig | None = None
+
+    # -- shards and layout -----------------------------------------------------------------------
+
+    @property
+    def counts(self) -> list[int] | None:
+        """Samples per shard, when a manifest says."""
+        return self._manifest.counts
+
+    @property
+    def manifest(self) -> str | None:
+        """Where the sample counts came from (a summary.json URL, "<list>"), or None."""
+        return self._manifest.source
+
+    @property
+    def nsamples(self) -> int | None:
+        """Samples in all shards, when the manifest says."""
+        return None if self.counts is None else sum(self.counts)
+
+    @property
+    def _layout(self) -> Layout:
+        return Layout(self.settings, self.urls, self.counts)
+
+    def rank_world(self) -> tuple[int, int]:
+        """(rank, world size): explicit, else torch.distributed when initialised, else the env."""
+        return self._layout.rank_world()
+
+    def assignment(self, worker: int = 0, workers: int = 1, epoch: int | None = None) -> Assignment:
+        """What the consumer (this rank, `worker` of `workers`) reads in `epoch` (not resampled)."""
+        return self._layout.assignment(worker, workers, self.epoch if epoch is None else epoch)
+
+    def split_message(self, workers: int) -> str:
+        """The warning for fewer shards than the ranks x `workers` readers."""
+        return self._layout.split_message(workers)
+
+    def __len__(self) -> int:
+        """Items (batches when batch_size is set, else samples) this rank gets per epoch."""
+        return self._layout.length()
+
+    # -- epochs and state ------------------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch the next iteration runs: its shard order and shuffle depend on
+        (seed, epoch, rank, worker). Without set_epoch, each further iteration of the same object
+        runs the next epoch (in-process, and in persistent DataLoader workers)."""
+        epoch = int(epoch)
+        if self._resume is not None and self._resume.epoch != epoch:
+            self._resume = None
+        self.epoch = epoch
+        self._iterations = 0
+
+    def state_scope(self) -> StateScope:
+        """What a state of this dataset belongs to (shards, seed, order settings, rank, world size)."""
+        rank, world = self._layout.plan_rank_world()
+        return StateScope(self.seed, self.fingerprint, order_config(self.settings, self.counts), rank, world)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Progress of in-process iteration (use Loader.state_dict() with DataLoader workers)."""
+        progress = self._progress
+        if progress is None:
+            progress = EpochProgress(self.epoch + self._iterations, 0)
+        return self.state_scope().state(progress)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume: the next iteration of the recorded epoch skips what was delivered before
+        (a finished epoch moves on to the next one)."""
+        self.state_scope().check(state)
+        self._iterations = 0
+        self.epoch, self._resume = EpochProgress.resume_point(state, int(state["num_workers"]))
+        self._progress = None
+
+    def for_loader(self, epoch: int, resume: EpochProgress | None, ring: RingConfig | None) -> ShardDataset:
+        """The copy a Loader iterates: it runs `epoch` from `resume`, yields (item, ConsumerTag)
+        pairs, and its workers write image batches into the shared-memory rings of `ring`."""
+        ds = copy.copy(self)
+        ds.set_epoch(epoch)  # (also resets the copy's iteration count)
+        ds._resume = resume
+        ds._progress = None
+        ds._tagged = True
+        ds._ring = ring
+        return ds
+
+    # -- iteration -------------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 0)
+        in_worker = info is not None
+        if self.gpu_decode and in_worker and not self._tagged:
+            warn_once("GPU JPEG decode runs in the main process: iterate with shardflow.Loader; "
+                      "decoding on CPU in the DataLoader workers instead")
+        gpu_defer = self.gpu_decode and (self._tagged or not in_worker)
+        epoch, start = self._begin_epoch(worker, workers, in_worker)
+        items = iter(self._epoch_stream(worker, workers, epoch, start, gpu_defer))
+        finish = self.finish if gpu_defer and not self._tagged else None
+        try:
+            for item, tag in items:
+                if self._tagged:
+                    yield item, tag
+                    continue
+                if not in_worker:
+                    self._progress.workers[worker] = tag.position  # type: ignore[union-attr]
+                if isinstance(item, EndOfWorker):
+                    continue
+                yield finish(item) if finish is not None else item
+        finally:
+            items.close()  # type: ignore[attr-defined]
+        if not in_worker and self._progress is not None:
+            self._progress.finished = True
+
+    def _begin_epoch(self, worker: int, workers: int, in_worker: bool) -> tuple[int, Position]:
+        """(the epoch this iteration runs, where `worker` starts in it); in-process, also starts
+        recording progress."""
+        epoch = self.epoch + self._iterations
+        self._iterations += 1
+        resume = self._resume if self._resume is not None and self._resume.epoch == epoch else None
+        if resume is not None and max(1, resume.num_workers) != max(1, workers):
+            raise ValueError(
+                f"the state was saved with num_workers={resume.num_workers}; resume with the same number "
+                f"(now {workers}): each worker replays its own part of the epoch"
+            )
+        start = resume.workers.get(worker, Position()) if resume is not None else Position()
+        if not in_worker:
+            self._resume = None  # consumed (a worker's copy is thrown away anyway)
+            self._progress = EpochProgress(epoch, workers, dict(resume.workers) if resume is not None else {})
+        return epoch, start
+
+    def _epoch_stream(self, worker: int, workers: int, epoch: int, start: Position, gpu_defer: bool) -> EpochStream:
+        """One consumer's epoch, from `start` (see stream.py)."""
+        s = self.settings
+        layout = self._layout
+        plan = layout.epoch_plan(worker, workers, epoch)
+        if plan.assignment is not None and plan.assignment.split_inside and (worker == 0 or not s.split_by_worker):
+            warn_once(layout.split_message(max(1, workers)))
+        shared = get_worker_info() is not None  # in a worker: batches go to shared memory
+        ring = None
+        if shared and self._ring is not None and s.batch_size is not None and s.collate_fn is None:
+            ring = self._ring.ring(worker, s.batch_size)
+        collate_batch = s.collate_fn
+        if collate_batch is None:
+            collate_batch = functools.partial(collate, shared=shared, channels_last=s.channels_last, ring=ring)
+        errors = ErrorCount(s.on_error, start.errors)
+        return EpochStream(
+            plan=plan, source=ShardSource(self.urls, s, self._manifest, self._shard_cache),
+            prepare=SamplePreparer(self._decoders, s.map, s.to_tuple, errors, gpu_defer),
+            collate=collate_batch, ring=ring, cursor=Cursor(worker, start, errors),
+            shuffle=s.shuffle, seed=s.seed, batch_size=s.batch_size, partial=s.partial, gpu_defer=gpu_defer,
+        )
+
+    def _shard_cache(self) -> ShardCache:
+        """This process's cache of remote shards, made on first use (making it scans the folder)."""
+        if self._cache is None:
+            self._cache = ShardCache(self.cache_dir, self.cache_size)  # type: ignore[arg-type]
+        return self._cache
+
+    def finish(self, item: Any) -> Any:
+        """Decode the JPEGs a worker left encoded (GPU decode); other values pass through."""
+        return GpuDecoder(self.decode, self.device, self.channels_last, self.allow_pickle)(item)
+
+    # -- pickling (DataLoader workers with spawn/forkserver; copy.copy goes through here too) ------
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_cache"] = None
+        state["_progress"] = None
+        if self.settings.rank_world is None:
+            try:  # as the main process sees it
+                state["settings"] = dataclasses.replace(self.settings, rank_world=self._layout.rank_world())
+            except ValueError:
+                pass
+        return state

@@ -1,0 +1,128 @@
+"""One raw sample -> what the user asked for: decode, map, select fields (to_tuple).
+
+Two shortcuts keep images cheap. With a torch uint8 spec and the default collate, images are
+decoded to numpy HWC arrays and left as HWCImage, so collate writes them into the batch tensor in one
+copy. With GPU decode, JPEGs stay encoded (RawJpeg) and are decoded in batches in the main process.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+
+from shardflow.codecs import IMAGE_EXTENSIONS, Decoder, split_extension
+from shardflow.errors import DecodeError, SampleError, SkipSample
+from shardflow.reader.settings import Fields, ReaderSettings
+from shardflow.reader.state import ErrorCount
+from shardflow.reader.values import HWCImage, RawJpeg
+
+JPEG_EXTENSIONS = frozenset({"jpg", "jpeg"})
+# torch uint8 specs whose batches are built straight from the numpy decode (one copy into the batch)
+FAST_SPECS = {"torchrgb8": "rgb8", "torchrgba8": "rgba8", "torchl8": "l8"}
+
+
+class SampleDecoders(NamedTuple):
+    """A dataset's decoders, made once when it is created (a Decoder snapshots the registered codecs)."""
+
+    full: Decoder | None  # the decode spec as asked (None: raw bytes)
+    fast: Decoder | None  # the numpy twin of a torch uint8 spec, for the batch fast path
+
+    @classmethod
+    def create(cls, s: ReaderSettings) -> SampleDecoders:
+        full = Decoder(s.decode, allow_pickle=s.allow_pickle, only=s.only) if s.decode is not None else None
+        fast = s.decode in FAST_SPECS and s.batch_size is not None and s.map is None and s.collate_fn is None
+        return cls(full, Decoder(FAST_SPECS[s.decode], allow_pickle=s.allow_pickle, only=s.only) if fast else None)
+
+
+class SamplePreparer:
+    """Decodes, maps and selects the fields of raw samples; problems go to the error count."""
+
+    def __init__(
+        self,
+        decoders: SampleDecoders,
+        map: Callable[[dict[str, Any]], Any] | None,  # noqa: A002 (ShardDataset's name)
+        to_tuple: Fields | None,
+        errors: ErrorCount,
+        gpu_defer: bool,
+    ) -> None:
+        self.decoder = decoders.full
+        self.fast = decoders.fast if not gpu_defer else None
+        self.map = map
+        self.to_tuple = to_tuple
+        self.errors = errors
+        self.gpu_defer = gpu_defer
+        self._image_memo: dict[tuple[str, bool], bool] = {}
+
+    def __call__(self, raw: dict[str, Any]) -> Any:
+        """The sample as the user gets it; None when it is dropped (map) or skipped (error policy)."""
+        try:
+            sample = self._decode(raw)
+            if self.map is not None:
+                sample = self.map(sample)
+                if sample is None:
+                    return None
+            if self.to_tuple is not None:
+                sample = select_fields(sample, self.to_tuple)
+            return sample
+        except DecodeError as exc:
+            self.errors.handle(exc)
+        except SkipSample as exc:
+            self.errors.handle(
+                SampleError(f"skipped by map: {exc.reason}", url=raw.get("__url__"), key=raw.get("__key__"))
+            )
+        return None
+
+    def _decode(self, raw: dict[str, Any]) -> dict[str, Any]:
+        sample = raw
+        jpegs = None
+        if self.gpu_defer and self.decoder is not None:
+            jpegs = {k: RawJpeg(v) for k, v in raw.items()
+                     if isinstance(v, (bytes, bytearray)) and self._is_image(k, self.decoder, True)}
+            if jpegs:
+                sample = {k: v for k, v in raw.items() if k not in jpegs}
+        if self.fast is not None:
+            sample = self.fast(sample)
+            for k, v in sample.items():
+                if type(v) is np.ndarray and v.dtype == np.uint8 and v.ndim in (2, 3) \
+                        and self._is_image(k, self.fast, False):
+                    sample[k] = HWCImage(v)
+        elif self.decoder is not None:
+            sample = self.decoder(sample)
+        if jpegs:
+            sample.update(jpegs)
+        return sample
+
+    def _is_image(self, key: str, decoder: Decoder, jpeg_only: bool) -> bool:
+        """Is `key` an image entry this decoder decodes with a builtin codec (memoised per key)?"""
+        answer = self._image_memo.get((key, jpeg_only))
+        if answer is None:
+            _, last, _ = split_extension(key)
+            answer = (not key.startswith("__") and last in (JPEG_EXTENSIONS if jpeg_only else IMAGE_EXTENSIONS)
+                      and decoder.wants(key) and not _user_codec(decoder, key))
+            self._image_memo[(key, jpeg_only)] = answer
+        return answer
+
+
+def select_fields(sample: dict[str, Any], fields: Fields) -> tuple[Any, ...]:
+    """to_tuple: per output field, the first of its entries the sample has."""
+    out = []
+    for choices in fields:
+        for name in choices:
+            if name in sample:
+                out.append(sample[name])
+                break
+        else:
+            has = sorted(k for k in sample if not k.startswith("__"))
+            raise DecodeError(
+                f"sample has none of {';'.join(choices)!r} (has {has})",
+                url=sample.get("__url__"), key=sample.get("__key__"),
+            )
+    return tuple(out)
+
+
+def _user_codec(decoder: Decoder, ext: str) -> bool:
+    """Does a registered codec (which wins over the builtins) handle `ext`?"""
+    inner, last, _ = split_extension(ext)
+    codecs = getattr(decoder, "codecs", {})
+    return inner in codecs or last in codecs

@@ -1,0 +1,46 @@
+"""TaskContext: the little that run_task needs from a job, as one value.
+
+run_task used to read fourteen attributes of ShardJob and call back into it; it now reads this
+instead, so the task layer does not depend on the job class, and a backend or a pod can build the
+context once per process and run any number of tasks with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from shardflow.run.rundir import RunDir
+from shardflow.run.seeds import stable_seed
+from shardflow.run.task import Task
+from shardflow.storage import options as so
+
+SampleFn = Callable[[dict[str, Any]], Any]
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """Everything run_task reads: the function, codecs, policies, rollover and where things go."""
+
+    fn: SampleFn
+    run_dir: RunDir
+    run_dir_url: str  # as the job names it (temp tags derive from it)
+    decoder: Callable[[dict[str, Any]], dict[str, Any]] | None
+    encoder: Callable[[dict[str, Any]], dict[str, Any]]
+    on_error: str
+    seed: int
+    maxcount: int
+    maxsize: float
+    max_failure_rate: float
+    io_retries: int
+    retry_backoff: float
+    allow_pipe: bool
+    storage_options: dict[str, Any] | None
+
+    def options_for(self, url: str) -> dict[str, Any]:
+        """storage_options for `url`: flat, per-prefix (longest prefix wins), `${VAR}` resolved."""
+        return so.options_for(url, self.storage_options)
+
+    def temp_tag(self, task: Task) -> str:
+        """Tag in the temp names of a task's shards, unique to (run directory, task)."""
+        return f"{stable_seed(self.run_dir_url) % 16**8:08x}t{task.id}"

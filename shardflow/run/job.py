@@ -1,0 +1,224 @@
+"""ShardJob: what the user defines (a per-sample function, inputs, outputs, policies) and its plan.
+
+The plan is a list of small Task values computed once from the specs and written to the run
+directory; backends only decide where `run_task(task, job)` executes.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, Sequence
+
+from shardflow.errors import DEFAULT_ON_ERROR_JOB, JobError, check_on_error
+from shardflow.run.context import TaskContext
+from shardflow.run.naming import output_names
+from shardflow.run.rundir import RunDir
+from shardflow.run.task import Task
+from shardflow.storage import options as so
+from shardflow.storage.paths import join
+from shardflow.storage.specs import expand
+
+UNLIMITED = 1 << 62
+
+
+class ShardJob:
+    """A per-sample function mapped over input shards into output shards.
+
+    fn(sample) returns a dict (1:1), None (drop), or an iterable of dicts (1:N, keys unique), or
+    raises SkipSample(reason). `outputs` is either a spec with one shard per task (matched by
+    position) or a pattern with fields {task}, {name} (input shard name without .tar) and {part}
+    (rollover part within a task).
+    """
+
+    def __init__(
+        self,
+        fn: Callable[[dict[str, Any]], Any],
+        inputs: str | Sequence[str],
+        outputs: str | Sequence[str],
+        *,
+        decode: str | None = None,
+        encode: dict[str, Any] | None = None,
+        on_error: str = DEFAULT_ON_ERROR_JOB,
+        seed: int = 0,
+        maxcount: int | None = None,
+        maxsize: float | None = None,
+        inputs_per_task: int = 1,
+        run_dir: str | None = None,
+        storage_options: dict[str, Any] | None = None,
+        max_failure_rate: float = 0.5,
+        io_retries: int = 3,
+        retry_backoff: float = 1.0,
+        allow_pickle: bool = False,
+        allow_pipe: bool = False,
+        name: str | None = None,
+        params: dict[str, Any] | None = None,
+    ) -> None:
+        check_on_error(on_error, error=JobError)
+        if inputs_per_task < 1:
+            raise JobError("inputs_per_task must be >= 1")
+        if not callable(fn):
+            raise JobError(f"fn must be callable, got {type(fn).__name__}")
+        self.fn = fn
+        self.inputs = inputs
+        self.outputs = outputs
+        self.decode = decode
+        self.encode = dict(encode or {})
+        self.on_error = on_error
+        self.seed = seed
+        self.maxcount = int(maxcount) if maxcount else UNLIMITED
+        self.maxsize = float(maxsize) if maxsize else float(UNLIMITED)
+        self.inputs_per_task = inputs_per_task
+        self.storage_options = storage_options
+        self.max_failure_rate = max_failure_rate
+        self.io_retries = io_retries
+        self.retry_backoff = retry_backoff
+        self.allow_pickle = allow_pickle
+        self.allow_pipe = allow_pipe
+        self.name = name or getattr(fn, "__name__", "job")
+        self.params = params
+        self._tasks: list[Task] | None = None
+        self._decoder: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+        self._encoder: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+        self._run_dir_url = run_dir
+        self._rundir: RunDir | None = None
+        self._context: TaskContext | None = None
+
+    _context: TaskContext | None = None  # a class default: jobs pickled by 0.1.0 have no such attribute
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if not name.startswith("_"):  # a changed setting (job.fn, job.on_error...) makes a new context
+            object.__setattr__(self, "_context", None)
+        object.__setattr__(self, name, value)
+
+    # pickled to workers: leave caches behind, they are cheap to rebuild
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_tasks"] = None
+        state["_rundir"] = None
+        state["_context"] = None
+        return state
+
+    # -- where things go -----------------------------------------------------------------------
+    def options_for(self, url: str) -> dict[str, Any]:
+        """storage_options for `url`: flat, per-prefix (longest prefix wins), `${VAR}` resolved."""
+        return so.options_for(url, self.storage_options)
+
+    @property
+    def run_dir(self) -> str:
+        """The run directory URL (default: `_shardflow` beside the first output shard)."""
+        if self._run_dir_url is None:
+            first = self.plan()[0].output
+            head = first.rpartition("/")[0] or "."
+            self._run_dir_url = join(head, "_shardflow")
+        return self._run_dir_url
+
+    def rundir(self) -> RunDir:
+        if self._rundir is None:
+            self._rundir = RunDir(self.run_dir, self.options_for(self.run_dir))
+        return self._rundir
+
+    def bind_run_dir(self, run_dir: RunDir) -> None:
+        """Use `run_dir` (this process may reach the run directory by another URL or other options
+        than the process that planned the job: a pod, a Dask worker)."""
+        self._run_dir_url = run_dir.url
+        self._rundir = run_dir
+        self._context = None
+
+    def task_context(self) -> TaskContext:
+        """What run_task reads, built once per process (codecs included)."""
+        if self._context is None:
+            self._context = TaskContext(
+                fn=self.fn, run_dir=self.rundir(), run_dir_url=self.run_dir, decoder=self.make_decoder(),
+                encoder=self.make_encoder(), on_error=self.on_error, seed=self.seed, maxcount=self.maxcount,
+                maxsize=self.maxsize, max_failure_rate=self.max_failure_rate, io_retries=self.io_retries,
+                retry_backoff=self.retry_backoff, allow_pipe=self.allow_pipe, storage_options=self.storage_options,
+            )
+        return self._context
+
+    # -- the plan ------------------------------------------------------------------------------
+    def plan(self) -> list[Task]:
+        """The tasks of this job, computed once (one listing per input glob)."""
+        if self._tasks is None:
+            inputs = expand(self.inputs, self.options_for(_first(self.inputs)))
+            groups = [inputs[i : i + self.inputs_per_task] for i in range(0, len(inputs), self.inputs_per_task)]
+            self._tasks = [
+                Task(task_id, tuple(group), output, parts)
+                for task_id, (group, (output, parts)) in enumerate(zip(groups, output_names(self.outputs, groups)))
+            ]
+        return self._tasks
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-safe description of the job for plan.json (no credentials: storage options left out)."""
+        return {
+            "name": self.name, "fn": f"{getattr(self.fn, '__module__', '?')}.{getattr(self.fn, '__qualname__', '?')}",
+            "decode": self.decode, "encode": self.encode, "on_error": self.on_error, "seed": self.seed,
+            "maxcount": None if self.maxcount == UNLIMITED else self.maxcount,
+            "maxsize": None if self.maxsize >= UNLIMITED else self.maxsize,
+            "inputs_per_task": self.inputs_per_task, "max_failure_rate": self.max_failure_rate,
+            "params": self.params,
+        }
+
+    def settings(self) -> dict[str, Any]:
+        """The settings that shape the output bytes; with the tasks they make the plan's fingerprint, so a
+        rerun into the same run directory with another decode/encode/seed/rollover/params is refused
+        (unless forced) instead of mixing old and new outputs. Policies (on_error, retries) are left out."""
+        described = self.describe()
+        keys = ("decode", "encode", "seed", "maxcount", "maxsize", "inputs_per_task", "params")
+        return json.loads(json.dumps({k: described[k] for k in keys}, sort_keys=True, default=repr))
+
+    # -- codecs --------------------------------------------------------------------------------
+    # Built once in the process that defines the job and pickled with it: codecs copy the registry
+    # when created, so codecs the user registered in the main process reach every worker.
+    def make_decoder(self) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
+        if self.decode is None:
+            return None
+        if self._decoder is None:
+            from shardflow.codecs import Decoder
+
+            self._decoder = Decoder(self.decode, allow_pickle=self.allow_pickle)
+        return self._decoder
+
+    def make_encoder(self) -> Callable[[dict[str, Any]], dict[str, Any]]:
+        if self._encoder is None:
+            from shardflow.codecs import Encoder
+
+            self._encoder = Encoder(**self.encode)
+        return self._encoder
+
+    # -- running -------------------------------------------------------------------------------
+    def prepare(self, *, force: bool = False) -> RunDir:
+        """Write the plan and the pickled job to the run directory (once); returns it."""
+        self.make_decoder()
+        self.make_encoder()
+        run_dir = self.rundir()
+        run_dir.remove_stale_temps()  # a driver killed mid-write of a marker leaves one behind
+        run_dir.init_plan({"job": self.describe(), "tasks": [t.to_json() for t in self.plan()],
+                           "settings": self.settings()}, force=force)
+        run_dir.save_job(self)
+        return run_dir
+
+    def run(self, backend: str = "processes", **options: Any):
+        """Run the pending tasks on a backend ("serial", "processes", "dask"); returns a RunReport."""
+        from shardflow.backends import run_job
+
+        return run_job(self, backend, **options)
+
+    def to_kubernetes(self, image: str, *, prepare: bool = True, **options: Any) -> str:
+        """YAML of a Kubernetes Indexed Job running this job; writes the plan first unless prepare=False.
+
+        Options: parallelism, tasks_per_pod, cpu, memory, secrets, env, namespace, name, ... (see
+        shardflow.cluster.manifests.ClusterOptions and docs/kubernetes.md).
+        """
+        from shardflow.cluster.manifests import render
+
+        return render(self, "kubernetes", image, prepare=prepare, **options)
+
+    def to_argo(self, image: str, *, prepare: bool = True, **options: Any) -> str:
+        """YAML of an Argo Workflow running this job (same options as to_kubernetes)."""
+        from shardflow.cluster.manifests import render
+
+        return render(self, "argo", image, prepare=prepare, **options)
+
+
+def _first(spec: str | Sequence[str]) -> str:
+    return spec if isinstance(spec, str) else (spec[0] if spec else "")

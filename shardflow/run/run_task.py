@@ -1,0 +1,172 @@
+"""run_task: the one function every backend executes for one task.
+
+    open input (fsspec stream) -> tar members -> samples -> decode -> fn(sample)
+    -> encode -> ShardWriter (atomic per shard) -> error log, stats -> completion marker LAST
+
+It is idempotent: a task whose marker exists is skipped; an unfinished one starts again from a
+clean state (stale temp files of the task removed, shards rewritten with identical bytes).
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from typing import Any, Callable
+
+from shardflow.errors import FailureKind, FormatError, SampleError, ShardflowError, ShardIOError
+from shardflow.run.context import TaskContext
+from shardflow.run.failures import SampleFailures, TaskFailed
+from shardflow.run.process import SampleProcessor
+from shardflow.run.seeds import job_seed
+from shardflow.run.stats import Stats
+from shardflow.run.task import Task, TaskResult
+from shardflow.shards.samples import read_samples
+from shardflow.shards.writer import ShardInfo, ShardWriter, remove_stale_temps
+from shardflow.storage.schemes import open_read
+
+Progress = Callable[[int], None]
+_PROGRESS_EVERY_S = 0.5
+_MISSING = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
+
+
+def run_task(task: Task, job: Any, *, progress: Progress | None = None) -> TaskResult:
+    """Run one task to completion (or a recorded failure). Never raises for bad data.
+
+    `job` is a ShardJob or the TaskContext it made (`job.task_context()`), which is all this reads.
+    """
+    context: TaskContext = job if isinstance(job, TaskContext) else job.task_context()
+    run_dir = context.run_dir
+    if run_dir.is_done(task.id):
+        record = run_dir.read_done(task.id)
+        return TaskResult(task.id, "skipped", Stats.from_json(record["stats"]), record["outputs"])
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            with job_seed(context.seed):
+                result = _attempt(task, context, progress)
+        except TaskFailed as exc:
+            return run_dir.record_failure(task, str(exc), exc.kind, attempts=attempt)
+        except (ShardIOError, OSError) as exc:
+            if attempt <= context.io_retries:
+                time.sleep(min(context.retry_backoff * 2 ** (attempt - 1), 30.0))
+                continue
+            reason = str(exc) if isinstance(exc, ShardflowError) else f"{type(exc).__name__}: {exc}"
+            return run_dir.record_failure(task, f"I/O error after {attempt} attempts: {reason}", FailureKind.IO,
+                                          attempts=attempt)
+        except Exception as exc:  # noqa: BLE001 - a bug must fail this task visibly, not kill the run
+            where = traceback.format_exc(limit=-3).strip().replace("\n", " | ")
+            return run_dir.record_failure(task, f"unexpected {type(exc).__name__}: {exc} [{where}]",
+                                          FailureKind.INPUT, attempts=attempt)
+        result.attempts = attempt
+        return result
+
+
+def _attempt(task: Task, context: TaskContext, progress: Progress | None) -> TaskResult:
+    """One try at the task: stream it, then write its error log and, LAST, its completion marker."""
+    started = time.perf_counter()
+    stats = Stats()
+    failures = SampleFailures(task.id, stats, context.on_error, context.max_failure_rate)
+    try:
+        infos = _stream_task(task, context, SampleProcessor(context, stats, failures), progress)
+    except TaskFailed:
+        context.run_dir.write_errors(task.id, failures.errors)
+        raise
+    stats.shards_out = len(infos)
+    stats.bytes_out = sum(i.nbytes for i in infos)
+    stats.seconds = time.perf_counter() - started
+    outputs = [i.to_json() for i in infos]
+    context.run_dir.write_errors(task.id, failures.errors)
+    context.run_dir.mark_done(task.id, {"task": task.id, "inputs": list(task.inputs), "outputs": outputs,
+                                        "stats": stats.to_json()})
+    return TaskResult(task.id, "done", stats, outputs)
+
+
+class _CountingReader:
+    """Counts the bytes read from a shard stream (bytes_in)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self.count = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._stream.read(n)
+        self.count += len(data)
+        return data
+
+
+class _ProgressBatcher:
+    """Hands sample counts to the backend's progress callback at most every half second."""
+
+    def __init__(self, callback: Progress | None) -> None:
+        self.callback = callback
+        self.pending = 0
+        self.last = time.perf_counter()
+
+    def add(self, count: int = 1) -> None:
+        self.pending += count
+        if self.callback is not None and time.perf_counter() - self.last > _PROGRESS_EVERY_S:
+            self.flush()
+            self.last = time.perf_counter()
+
+    def flush(self) -> None:
+        if self.callback is not None and self.pending:
+            self.callback(self.pending)
+        self.pending = 0
+
+
+def _stream_task(task: Task, context: TaskContext, processor: SampleProcessor,
+                 progress: Progress | None) -> list[ShardInfo]:
+    """Stream every input of the task through the processor into the task's output shards."""
+    tag = context.temp_tag(task)
+    out_options = context.options_for(task.output)
+    remove_stale_temps(task.output, out_options, tag=tag)
+    counter = _ProgressBatcher(progress)
+    writer = ShardWriter(task.part_url, maxcount=context.maxcount, maxsize=context.maxsize,
+                         storage_options=out_options, temp_tag=tag)
+    with writer:
+        for url in task.inputs:
+            _stream_input(url, context, processor, writer, counter)
+        processor.failures.check_rate(final=True)
+        infos: list[ShardInfo] = writer.close()
+    counter.flush()
+    return infos
+
+
+def _stream_input(url: str, context: TaskContext, processor: SampleProcessor, writer: ShardWriter,
+                  counter: _ProgressBatcher) -> None:
+    """One input shard of a task: its samples processed and written, its bytes counted."""
+    stats, failures = processor.stats, processor.failures
+    stream = _open_input(url, context, failures)
+    counted = _CountingReader(stream)
+    policy = "raise" if context.on_error == "raise" else "skip"
+
+    def report(error: ShardflowError) -> None:
+        failures.record(error, error.url or url, error.key, "read")
+
+    try:
+        for sample in read_samples(counted, url, on_error=policy, report=report):
+            stats.samples_in += 1
+            for encoded in processor.process(sample):
+                writer.write(encoded)
+                stats.samples_out += 1
+            counter.add()
+    except (FormatError, SampleError) as exc:
+        failures.note(exc, exc.url or url, exc.key, "read")  # errors/ names where it broke
+        raise TaskFailed(str(exc), FailureKind.INPUT) from exc
+    finally:
+        stream.close()
+    stats.shards_in += 1
+    stats.bytes_in += counted.count
+
+
+def _open_input(url: str, context: TaskContext, failures: SampleFailures) -> Any:
+    try:
+        return open_read(url, context.options_for(url), allow_pipe=context.allow_pipe)
+    except ShardIOError as exc:
+        if isinstance(exc.__cause__, _MISSING):
+            failures.note(exc, url, None, "open")
+            # retrying cannot bring it back: fail now, without the backoff of I/O retries
+            raise TaskFailed(f"input shard missing: {exc} (it was planned; restore it, or plan "
+                             "again without it using --force)", FailureKind.INPUT) from exc
+        raise

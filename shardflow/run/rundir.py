@@ -1,0 +1,203 @@
+"""The run directory: the one place that says what a run is and how far it got.
+
+Layout (a local path or any fsspec URL; default `<directory of the outputs>/_shardflow`):
+
+    plan.json              the tasks, written once up front, with a fingerprint
+    job.pkl                the job (cloudpickle), so Dask workers and pods can rebuild it
+    done/000017.json       completion marker of task 17: outputs + stats; written LAST
+    failed/000017.json     why task 17 failed last time (removed when it later succeeds)
+    errors/000017.jsonl    one line per dropped/failed sample of task 17
+    summary.json           the merged report of the last run (shards list used by the reader)
+
+Every file is written atomically (temp + rename locally, a single PUT on object stores), so a
+crash never leaves a truncated JSON that breaks resume.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+from typing import Any, Iterable
+
+import cloudpickle
+
+from shardflow.errors import JobError
+from shardflow.run.task import Task, TaskResult
+from shardflow.storage.atomic import is_temp_name, write_local_atomic
+from shardflow.storage.options import redact, strip_redacted
+from shardflow.storage.paths import filesystem, is_local
+
+PLAN_VERSION = 1
+
+
+def task_name(task_id: int) -> str:
+    return f"{task_id:06d}"
+
+
+def plan_fingerprint(tasks: list[dict[str, Any]], settings: dict[str, Any] | None = None) -> str:
+    """Stable digest of the task list (and of the job settings that shape the outputs, when given):
+    a rerun into the same run dir must plan the same tasks with the same settings."""
+    obj: Any = tasks if settings is None else {"tasks": tasks, "settings": settings}
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _plan_difference(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """What differs between two plans, in a few words for the refusal message."""
+    old_tasks, new_tasks = old.get("tasks", []), new.get("tasks", [])
+    if old_tasks != new_tasks:
+        if len(old_tasks) != len(new_tasks):
+            return f"{len(old_tasks)} tasks there, {len(new_tasks)} now"
+        first = next(i for i, (a, b) in enumerate(zip(old_tasks, new_tasks)) if a != b)
+        return f"task {first} differs (inputs or output names)"
+    old_set, new_set = old.get("settings") or {}, new.get("settings") or {}
+    changed = []
+    for key in sorted(set(old_set) | set(new_set)):
+        a, b = old_set.get(key), new_set.get(key)
+        if a != b:
+            if isinstance(a, dict) and isinstance(b, dict):
+                changed.extend(f"{key}.{k} {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
+                               if a.get(k) != b.get(k))
+            else:
+                changed.append(f"{key} {a!r} -> {b!r}")
+    return "same tasks, other job settings: " + ", ".join(changed[:5]) if changed else "other job settings"
+
+
+class RunDir:
+    """Reads and writes the files of one run directory."""
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.storage_options = storage_options
+        self.fs, self.path = filesystem(self.url, storage_options)
+        self._local = is_local(self.url)
+
+    def _path(self, name: str) -> str:
+        return f"{self.path}/{name}"
+
+    # -- raw files --------------------------------------------------------------------------
+    def write_bytes(self, name: str, data: bytes) -> None:
+        """Write a file so that readers see the old content or the new, never a mix."""
+        path = self._path(name)
+        if self._local:
+            write_local_atomic(path, data)
+        else:
+            self.fs.pipe_file(path, data)  # one PUT: object stores publish it whole or not at all
+
+    def read_bytes(self, name: str) -> bytes:
+        return self.fs.cat_file(self._path(name))
+
+    def write_json(self, name: str, obj: Any) -> None:
+        self.write_bytes(name, json.dumps(obj, indent=1, sort_keys=True).encode())
+
+    def read_json(self, name: str) -> Any:
+        return json.loads(self.read_bytes(name))
+
+    def exists(self, name: str) -> bool:
+        return self.fs.exists(self._path(name))
+
+    def remove(self, name: str) -> None:
+        try:
+            self.fs.rm(self._path(name))
+        except FileNotFoundError:
+            pass
+
+    def list_names(self, folder: str) -> list[str]:
+        """Base names in `folder` (one listing, empty when it does not exist)."""
+        try:
+            entries = self.fs.ls(self._path(folder), detail=False)
+        except FileNotFoundError:
+            return []
+        names = [e.rstrip("/").rsplit("/", 1)[-1] for e in entries]
+        return sorted(n for n in names if not n.startswith("."))
+
+    # -- plan ----------------------------------------------------------------------------------
+    def init_plan(self, plan: dict[str, Any], *, force: bool = False) -> None:
+        """Write the plan once; refuse a different plan unless forced (then start over)."""
+        fingerprint = plan_fingerprint(plan["tasks"], plan.get("settings"))
+        plan = {**plan, "version": PLAN_VERSION, "fingerprint": fingerprint}
+        if self.exists("plan.json"):
+            old = self.read_json("plan.json")
+            if old.get("fingerprint") == fingerprint:
+                return
+            if not force:
+                raise JobError(
+                    f"run directory {self.url} holds a different plan ({_plan_difference(old, plan)}); "
+                    "use another run_dir, or force=True (--force) to discard its progress and start over"
+                )
+            self.reset()
+        self.write_json("plan.json", plan)
+
+    def remove_stale_temps(self) -> int:
+        """Delete temp files that a killed writer left in the run directory (local run dirs only: object
+        stores get single PUTs). Call it where one driver owns the run dir (job.prepare), not from workers."""
+        if not self._local or not os.path.isdir(self.path):
+            return 0
+        removed = 0
+        for folder, _, names in os.walk(self.path):
+            for name in names:
+                if is_temp_name(name):
+                    try:
+                        os.unlink(os.path.join(folder, name))
+                        removed += 1
+                    except FileNotFoundError:
+                        pass
+        return removed
+
+    def reset(self) -> None:
+        """Forget all progress (markers, failures, error logs, summary)."""
+        for folder in ("done", "failed", "errors"):
+            for name in self.list_names(folder):
+                self.remove(f"{folder}/{name}")
+        self.remove("summary.json")
+
+    def load_plan(self) -> dict[str, Any]:
+        try:
+            return self.read_json("plan.json")
+        except FileNotFoundError as exc:
+            raise JobError(f"no plan.json in run directory {self.url}: plan or run the job first") from exc
+
+    def save_job(self, job: Any) -> None:
+        """Store the job for workers and pods, without secrets.
+
+        Secret storage options (keys, tokens, passwords) are left out: whoever loads the job takes
+        credentials from its own environment or from `${VAR}` references, never from this file.
+        """
+        stored = copy.copy(job)
+        stored.storage_options = strip_redacted(redact(job.storage_options))
+        self.write_bytes("job.pkl", cloudpickle.dumps(stored))
+
+    # -- task state ----------------------------------------------------------------------------
+    def done_ids(self) -> set[int]:
+        return {int(n.split(".")[0]) for n in self.list_names("done") if n.endswith(".json")}
+
+    def failed_ids(self) -> set[int]:
+        return {int(n.split(".")[0]) for n in self.list_names("failed") if n.endswith(".json")}
+
+    def is_done(self, task_id: int) -> bool:
+        return self.exists(f"done/{task_name(task_id)}.json")
+
+    def read_done(self, task_id: int) -> dict[str, Any]:
+        return self.read_json(f"done/{task_name(task_id)}.json")
+
+    def mark_done(self, task_id: int, record: dict[str, Any]) -> None:
+        self.write_json(f"done/{task_name(task_id)}.json", record)
+        self.remove(f"failed/{task_name(task_id)}.json")
+
+    def mark_failed(self, task_id: int, record: dict[str, Any]) -> None:
+        self.write_json(f"failed/{task_name(task_id)}.json", record)
+
+    def record_failure(self, task: Task, error: str, kind: str, *, attempts: int = 1) -> TaskResult:
+        """Write why `task` failed (failed/NNNNNN.json) and return the failed TaskResult."""
+        self.mark_failed(task.id, {"task": task.id, "error": error, "kind": str(kind), "inputs": list(task.inputs)})
+        return TaskResult.failed(task.id, error, kind, attempts)
+
+    def write_errors(self, task_id: int, records: Iterable[dict[str, Any]]) -> None:
+        lines = "".join(json.dumps(r, sort_keys=True) + "\n" for r in records)
+        name = f"errors/{task_name(task_id)}.jsonl"
+        if lines:
+            self.write_bytes(name, lines.encode())
+        else:
+            self.remove(name)

@@ -1,0 +1,45 @@
+"""The sample key rule, in one place: which member names form one sample, and which keys can be
+written so that they read back identically.
+
+Key rule (webdataset's): the key is the member path up to the first dot of its basename, the
+extension is the rest, lower-cased. `a.b/c/000123.seg.png` -> key `a.b/c/000123`, ext `seg.png`.
+The tar reader uses it to name the sample an archive error hits, sample grouping to group members,
+and the writer (through check_key) to refuse keys that would split differently when read back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# A sample: "__key__" (str), "__url__" (the shard it came from), one entry per extension (bytes until
+# decoded); keys starting with "__" are metadata and are never written into a tar.
+Sample = dict[str, Any]
+
+
+def split_name(name: str) -> tuple[str, str]:
+    """Split a member path into (key, extension); extension is '' when the basename has no dot.
+
+    This gives webdataset's split for every name webdataset gives a key to. A basename that starts
+    with '.' (a hidden file) gives a key that is empty or ends with '/': iter_samples reports those.
+    """
+    slash = name.rfind("/")
+    dot = name.find(".", slash + 1)
+    if dot < 0:
+        return name, ""
+    return name[:dot], name[dot + 1 :].lower()
+
+
+def check_key(key: Any) -> str | None:
+    """Why a sample key cannot be written so that it reads back identically (None when it can)."""
+    if not isinstance(key, str) or not key:
+        return f"sample key must be a non-empty str, got {key!r}"
+    base = key[key.rfind("/") + 1 :]
+    if not base:
+        return f"sample key {key!r} ends with '/'"
+    if "." in base:
+        return f"sample key {key!r} has a '.' in its last path part, so it would split differently when read back"
+    if key.startswith("/") or ".." in key.split("/"):
+        return f"sample key {key!r} is an absolute path or contains '..'"
+    if "\0" in key:
+        return f"sample key {key!r} contains a NUL character, which tar headers cannot hold"
+    return None

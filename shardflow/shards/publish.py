@@ -1,0 +1,180 @@
+"""Atomic publication: a shard appears under its final name only when it is complete.
+
+One small class per kind of storage, chosen by the URL's protocol from a table:
+- local files are written to a hidden temp name in the same directory, fsynced and renamed;
+- object stores (s3, gs, azure, ... any fsspec AbstractBufferedFile) stream to the final key and the
+  multipart/resumable upload is completed only by a clean close, and aborted on error;
+- other filesystems (memory://, ...) are written to a temp name and moved.
+Temp names come from shardflow.storage.atomic, so a rerun finds a killed writer's temps by the same
+rule as every other writer of shardflow.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from fsspec.spec import AbstractBufferedFile
+
+from shardflow.errors import ShardIOError
+from shardflow.storage.atomic import fsync_dir, temp_name
+from shardflow.storage.paths import filesystem, local_path, protocol
+from shardflow.storage.retry import describe
+from shardflow.storage.upload import abort_upload, in_event_loop, open_upload, upload_block_size
+
+# Object stores whose fsspec files upload on close() and can abort instead (discard()).
+STREAMING_UPLOAD_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oci", "oss"})
+
+
+class AtomicOutput:
+    """A binary stream that lands under `url` only on commit(); abort() leaves nothing there.
+
+    Subclasses open `_file` and say what publishing (`_publish`) and discarding (`_discard`) mean
+    for their storage; the open/committed/aborted states and the error wording are kept here.
+    """
+
+    _file: Any
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+        self.url = url
+        self._options = storage_options
+        self._state = "open"  # -> "committed" | "aborted"
+
+    def write(self, data: bytes) -> int:
+        return self._file.write(data)
+
+    def commit(self) -> None:
+        """Make the bytes visible under the final name."""
+        if self._state != "open":
+            raise ValueError(f"{self.url} is already {self._state}")
+        try:
+            self._publish()
+            self._state = "committed"
+        except Exception as exc:
+            self.abort()
+            if isinstance(exc, ShardIOError):
+                raise
+            raise ShardIOError(f"commit failed: {describe(exc, self._options)}", url=self.url) from exc
+
+    def abort(self) -> None:
+        """Throw the partial output away; safe to call more than once. Never publishes anything."""
+        if self._state != "open":
+            return
+        self._state = "aborted"
+        try:
+            self._discard()
+        except Exception:  # noqa: BLE001 - abort is best effort and must not mask the first error
+            pass
+
+    def _publish(self) -> None:
+        raise NotImplementedError
+
+    def _discard(self) -> None:
+        """Drop what was written; may find `_file` missing when opening it failed."""
+        raise NotImplementedError
+
+    def __del__(self) -> None:
+        # dropped without commit() (an error unwound past the writer, a killed generator): abort
+        if getattr(self, "_state", "aborted") == "open":
+            self.abort()
+
+
+class LocalReplace(AtomicOutput):
+    """A local file: a hidden temp sibling, fsynced and renamed over the final name on commit.
+
+    `fsync=False` keeps the atomic rename and skips both fsyncs (data and directory entry).
+    """
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None, *, tag: str = "",
+                 fsync: bool = True) -> None:
+        super().__init__(url, storage_options)
+        self._fsync = fsync
+        self._final = local_path(url)
+        self._temp = temp_name(self._final, tag)
+        os.makedirs(os.path.dirname(os.path.abspath(self._temp)), exist_ok=True)
+        self._file = open(self._temp, "wb", buffering=1 << 20)
+
+    def _publish(self) -> None:
+        self._file.flush()
+        if self._fsync:
+            os.fsync(self._file.fileno())
+        self._file.close()
+        os.replace(self._temp, self._final)
+        if self._fsync:
+            fsync_dir(os.path.dirname(os.path.abspath(self._final)))
+
+    def _discard(self) -> None:
+        file = getattr(self, "_file", None)
+        if file is not None:
+            file.close()
+        if os.path.exists(self._temp):
+            os.unlink(self._temp)
+
+
+class StreamingUpload(AtomicOutput):
+    """An object store: streamed to the final key from memory; the multipart/resumable upload is
+    completed only by a clean close() and aborted otherwise, so the object never exists half-written."""
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None, *, tag: str = "",
+                 fsync: bool = True) -> None:
+        super().__init__(url, storage_options)
+        self._fs, self._path = filesystem(url, storage_options)
+        self._file = _open_upload(self._fs, self._path, url, storage_options)
+
+    def _publish(self) -> None:
+        self._file.close()  # completes the multipart / resumable upload
+
+    def _discard(self) -> None:
+        _drop_upload(getattr(self, "_file", None))
+
+
+class TempThenMove(AtomicOutput):
+    """Any other fsspec filesystem (memory://, ...): written under a hidden temp name, moved on commit."""
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None, *, tag: str = "",
+                 fsync: bool = True) -> None:
+        super().__init__(url, storage_options)
+        self._fs, self._path = filesystem(url, storage_options)
+        self._temp = temp_name(self._path, tag)
+        self._file = _open_upload(self._fs, self._temp, url, storage_options)
+
+    def _publish(self) -> None:
+        self._file.close()
+        self._fs.mv(self._temp, self._path)
+
+    def _discard(self) -> None:
+        _drop_upload(getattr(self, "_file", None))
+        if self._fs.exists(self._temp):
+            self._fs.rm(self._temp)
+
+
+# protocol -> how a shard is published there; any protocol not listed: TempThenMove
+PUBLISHERS: dict[str, type[AtomicOutput]] = {
+    "file": LocalReplace,
+    "local": LocalReplace,
+    **{p: StreamingUpload for p in STREAMING_UPLOAD_PROTOCOLS},
+}
+
+
+def open_atomic(url: str, storage_options: dict[str, Any] | None = None, *, tag: str = "",
+                fsync: bool = True) -> AtomicOutput:
+    """An AtomicOutput for `url`, of the kind its storage needs (`tag`: see storage.atomic.temp_name)."""
+    publisher = PUBLISHERS.get(protocol(url), TempThenMove)
+    return publisher(url, storage_options, tag=tag, fsync=fsync)  # type: ignore[call-arg]
+
+
+def _open_upload(fs: Any, path: str, url: str, storage_options: dict[str, Any] | None) -> Any:
+    """A write file from memory, in upload_block_size parts, whose finaliser aborts (never publishes)."""
+    try:
+        return open_upload(fs, path, block_size=upload_block_size(fs))
+    except (OSError, ValueError) as exc:
+        raise ShardIOError(f"cannot open for writing: {describe(exc, storage_options)}", url=url) from exc
+
+
+def _drop_upload(file: Any) -> None:
+    if isinstance(file, AbstractBufferedFile):
+        # closed first, then discard(): aborts the S3 multipart / GCS resumable upload, also after a
+        # close() that failed half-way; a flush here would publish a partial object
+        abort_upload(file, network=not in_event_loop())
+    elif file is not None and not getattr(file, "closed", True):
+        file.close()

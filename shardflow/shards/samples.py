@@ -1,0 +1,174 @@
+"""Group tar members into samples and split samples back into members.
+
+Members of a sample are adjacent in the tar and share a key (see keys.split_name). Real data breaks
+these rules (a key that reappears later, two members with the same extension, names with no
+extension); each case is reported as a SampleError instead of being merged or dropped silently.
+What happens next to archive damage is decided by sample_recover.DamageGuard.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, BinaryIO, Callable, Iterable, Iterator
+
+from shardflow.errors import SampleError, ShardflowError, apply_policy, check_on_error
+from shardflow.shards.keys import Sample, check_key, split_name
+from shardflow.shards.sample_recover import DamageGuard
+from shardflow.shards.tar_read import Member, iter_members
+from shardflow.shards.tar_recover import Corruption
+
+ErrorSink = Callable[[ShardflowError], None]
+
+__all__ = ["ErrorSink", "iter_samples", "read_samples", "sample_members"]
+
+
+def iter_samples(members: Iterable[Member | Corruption], url: str = "", *, on_error: str = "raise",
+                 report: ErrorSink | None = None) -> Iterator[Sample]:
+    """Group adjacent members into sample dicts.
+
+    `on_error="raise"` raises the first SampleError/FormatError. Otherwise each problem goes to
+    `report` (`"warn"` also warns) and the offending piece is left out: a second member with an
+    extension the sample has, the members of a key that reappears later, members with no extension,
+    and every sample archive damage may have cut (see sample_recover). A FormatError that ends the
+    stream (truncation, corrupt gzip) is raised in every mode, after the samples known complete."""
+    check_on_error(on_error)
+    problem = functools.partial(apply_policy, on_error=on_error, report=report)  # warns at our caller
+    nested = functools.partial(apply_policy, on_error=on_error, report=report, stacklevel=4)  # one call down
+    guard = DamageGuard(url, nested)
+    seen: set[str] = set()
+    current: Sample | None = None
+    skipping: str | None = None  # a key whose members are being left out
+    it = iter(members)
+    while True:
+        try:
+            member = next(it)
+        except StopIteration:
+            break
+        except ShardflowError as exc:
+            raise _located(exc, current if current is not None else guard.pending) from exc.__cause__
+        if isinstance(member, Corruption):
+            guard.damaged(member, current)
+            current = skipping = None
+            continue
+        key, ext = split_name(member.name)
+        if guard.pending is not None:
+            if guard.cut_by_damage(key):
+                skipping = key
+                continue
+            done = guard.settle_pending()
+            if done is not None:
+                yield done
+        if not ext or not key or key[-1] == "/":
+            problem(_keyless(member, key, ext, url))
+            continue
+        if current is not None and key == current["__key__"]:
+            if ext in current:
+                problem(SampleError(f"duplicate extension {ext!r} in sample", url=url, key=key, offset=member.offset))
+                continue
+            current[ext] = member.data
+            continue
+        if key == skipping:
+            continue
+        if current is not None:
+            done = guard.finish(current)
+            if done is not None:
+                yield done
+        current, skipping = _start(member, key, ext, url, seen, guard, nested)
+    if guard.pending is not None:
+        done = guard.settle_pending()
+        if done is not None:
+            yield done
+    if current is not None:
+        done = guard.finish(current)
+        if done is not None:
+            yield done
+
+
+def _start(member: Member, key: str, ext: str, url: str, seen: set[str], guard: DamageGuard,
+           problem: ErrorSink) -> tuple[Sample | None, str | None]:
+    """(the new sample, None), or (None, key) for a key seen before: its members are left out."""
+    if key in seen:
+        problem(SampleError("key reappears later in the shard (members of a sample must be adjacent)",
+                            url=url, key=key, offset=member.offset))
+        guard.skip_next()
+        return None, key
+    seen.add(key)
+    guard.start()
+    return {"__key__": key, "__url__": url, ext: member.data}, None
+
+
+def _keyless(member: Member, key: str, ext: str, url: str) -> SampleError:
+    """The error for a member that cannot belong to a sample: no extension, or a hidden file."""
+    if not ext:
+        return SampleError(f"member {member.name!r} has no extension (no '.' in its name)",
+                           url=url, key=key, offset=member.offset)
+    return SampleError(f"member {member.name!r} is a hidden file (its name starts with '.'), so it has no sample key",
+                       url=url, key=key or None, offset=member.offset)
+
+
+def _located(exc: ShardflowError, sample: Sample | None) -> ShardflowError:
+    """`exc` naming the key of the sample in progress when it does not name one already."""
+    if exc.key is not None or sample is None:
+        return exc
+    return exc.with_location(key=sample["__key__"])
+
+
+def read_samples(
+    source: BinaryIO | str,
+    url: str = "",
+    *,
+    on_error: str = "raise",
+    report: ErrorSink | None = None,
+    storage_options: dict[str, Any] | None = None,
+    allow_pipe: bool | None = None,
+) -> Iterator[Sample]:
+    """Samples of one shard: an open binary stream, or a URL that is opened (and closed) here.
+
+    With on_error != 'raise' damage is reported and skipped (see iter_samples). A format error that
+    cannot be skipped (truncation, corrupt gzip) still ends the shard: it is raised after every
+    sample known to be complete was yielded; the sample in progress is not. When given a URL the
+    stream is closed when the iterator is exhausted or closed, so a `pipe:` command is reaped (and
+    its failure raised as PipeError) even when the caller stops early.
+    """
+    if isinstance(source, str):
+        return _read_url(source, on_error, report, storage_options, allow_pipe)
+    members = iter_members(source, url, resync=on_error != "raise")
+    return iter_samples(members, url, on_error=on_error, report=report)
+
+
+def _read_url(url: str, on_error: str, report: ErrorSink | None, storage_options: dict[str, Any] | None,
+              allow_pipe: bool | None) -> Iterator[Sample]:
+    # storage.schemes imports fsspec: keep it off the import path of tar-only users
+    from shardflow.storage.schemes import open_read
+
+    stream = open_read(url, storage_options, allow_pipe=allow_pipe)
+    try:
+        members = iter_members(stream, url, resync=on_error != "raise")
+        yield from iter_samples(members, url, on_error=on_error, report=report)
+    finally:
+        stream.close()
+
+
+def sample_members(sample: Sample) -> list[tuple[str, bytes]]:
+    """(name, bytes) members of an encoded sample, extensions sorted so output is reproducible."""
+    key = sample.get("__key__")
+    why = check_key(key)
+    if why:
+        raise SampleError(why, key=key if isinstance(key, str) else None)
+    members = []
+    for ext in sorted(sample):
+        if ext.startswith("__"):
+            continue
+        value = sample[ext]
+        if not ext or "/" in ext or ext.startswith(".") or "\0" in ext:
+            raise SampleError(f"bad extension {ext!r}", key=key)
+        if ext != ext.lower():
+            raise SampleError(
+                f"extension {ext!r} is not lower-case: it would read back as {ext.lower()!r}", key=key
+            )
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            raise SampleError(f"value for {ext!r} is {type(value).__name__}, not bytes (encode it first)", key=key)
+        members.append((f"{key}.{ext}", bytes(value)))
+    if not members:
+        raise SampleError("sample has no data entries (only __ metadata)", key=key)
+    return members

@@ -1,0 +1,110 @@
+"""Tar header fields as pure functions: numbers (octal or GNU base-256), checksums, names (ustar
+prefix, GNU long names, pax records).
+
+Kept apart from the reading loop so the plain path (tar_read) and damage recovery (tar_recover)
+judge a header by exactly the same rules, and so the writer (tar_write) sums bytes the same way.
+"""
+
+from __future__ import annotations
+
+from zlib import adler32
+
+from shardflow.errors import FormatError
+
+BLOCK = 512
+ZERO_BLOCK = bytes(BLOCK)
+REGULAR = (b"0", b"\0", b"7")  # typeflags of regular files (7: contiguous file, read as regular)
+
+
+def parse_number(field: bytes) -> int:
+    """Parse a numeric header field: octal text, or GNU base-256 when the top bit is set."""
+    if field[0] & 0x80:
+        value = int.from_bytes(field[1:], "big")
+        return value - (1 << (8 * len(field) - 8)) if field[0] & 0x40 else value
+    text = field.split(b"\0", 1)[0].strip(b" ")
+    return int(text, 8) if text else 0
+
+
+def byte_sum(data: bytes) -> int:
+    """The sum of the bytes of `data` (at most 512 of them), computed in C.
+
+    adler32's low 16 bits are (1 + sum of the bytes) mod 65521; a 256-byte half sums to at most
+    65280, so each half gives its exact sum. About 20x faster than sum() on a header.
+    """
+    return (adler32(data[:256]) & 0xFFFF) + (adler32(data[256:]) & 0xFFFF) - 2
+
+
+def checksum_ok(header: bytes) -> bool:
+    """Whether a 512-byte block is a tar header: its stored checksum matches (unsigned or signed)."""
+    try:
+        stored = parse_number(header[148:156])
+    except ValueError:
+        return False
+    unsigned = byte_sum(header) - sum(header[148:156]) + 8 * 32
+    if stored == unsigned:
+        return True
+    signed = unsigned - 2 * sum(b for b in header if b > 127)  # old tars summed signed chars
+    return stored == signed
+
+
+def cstring(field: bytes) -> bytes:
+    """A NUL-terminated header field without its terminator (the whole field when it has none)."""
+    end = field.find(b"\0")
+    return field if end < 0 else field[:end]
+
+
+def pax_records(data: bytes, url: str, offset: int) -> dict[str, str]:
+    """The `key=value` records of a pax header's data; FormatError when they are malformed."""
+    records: dict[str, str] = {}
+    pos = 0
+    while pos < len(data) and data[pos] != 0:
+        space = data.find(b" ", pos)
+        try:
+            length = int(data[pos:space])
+            key, _, value = data[space + 1 : pos + length - 1].partition(b"=")
+        except ValueError as exc:
+            raise FormatError("malformed pax header", url=url, offset=offset) from exc
+        if length <= 0 or space < 0 or pos + length > len(data):
+            raise FormatError("malformed pax header", url=url, offset=offset)
+        records[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+        pos += length
+    return records
+
+
+def header_name(header: bytes) -> str:
+    """The name a ustar header holds itself (prefix + name), without pax or GNU long names."""
+    name = cstring(header[0:100]).decode("utf-8", "surrogateescape")
+    if header[257:263] == b"ustar\x00":
+        prefix = cstring(header[345:500])
+        if prefix:
+            name = prefix.decode("utf-8", "surrogateescape") + "/" + name
+    return name
+
+
+def member_name(header: bytes, long_name: str | None, pax: dict[str, str]) -> str:
+    """A member's name: a pax path beats a GNU long name, which beats the header's own name."""
+    return pax.get("path") or long_name or header_name(header)
+
+
+def clean_name(raw: str) -> str | None:
+    """`raw` if it is printable text (a plausible member name), else None."""
+    if not raw or not raw.isprintable():
+        return None
+    try:
+        raw.encode("utf-8")
+    except UnicodeEncodeError:  # surrogate-escaped bytes: not valid UTF-8, do not trust it
+        return None
+    return raw
+
+
+def truncated_header(header: bytes, offset: int, url: str) -> FormatError:
+    """The error for a header block cut short at `offset` (an empty file, a non-tar, a truncation)."""
+    if offset == 0:
+        reason = "empty file, not a tar archive" if not header else (
+            f"not a tar archive (only {len(header)} bytes, a tar header needs {BLOCK})"
+        )
+    elif not header:
+        reason = "truncated tar: stream ended without the end-of-archive marker"
+    else:
+        reason = f"truncated tar: header needs {BLOCK} bytes, got {len(header)}"
+    return FormatError(reason, url=url, offset=offset)

@@ -1,0 +1,173 @@
+"""Deterministic tar writing: identical members in identical order give byte-identical archives
+(GNU tar, Python's tarfile and webdataset read them; tests compare with both byte for byte), and
+the gzip stage for .tar.gz names (deterministic too: no timestamp in the gzip header).
+
+Members are gathered by reference and handed on in batches of about 1 MiB, so a shard of small
+samples costs few large writes and no copies of large members.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any, BinaryIO
+
+from shardflow.shards.tar_headers import BLOCK, ZERO_BLOCK, byte_sum
+
+_FLUSH_AT = 1 << 20  # members are handed to the stream in batches of about this many bytes
+_BIG = 1 << 15  # pieces at least this large are passed on as they are, never copied into a batch
+_PAX_SIZE = 8**11  # sizes from here on do not fit the 11 octal digits of a ustar size field
+
+# Header bytes 157..512: linkname (empty), magic "ustar\0", version "00", empty owner names,
+# device numbers and prefix.
+_HEADER_TAIL = bytes(100) + b"ustar\x0000" + bytes(BLOCK - 265)
+
+
+def coalesce(parts: list[bytes]) -> list[bytes]:
+    """`parts` with each run of small pieces joined into one: few, large pieces, same bytes."""
+    out: list[bytes] = []
+    small: list[bytes] = []
+    for part in parts:
+        if len(part) >= _BIG:
+            if small:
+                out.append(small[0] if len(small) == 1 else b"".join(small))
+                small = []
+            out.append(part)
+        else:
+            small.append(part)
+    if small:
+        out.append(small[0] if len(small) == 1 else b"".join(small))
+    return out
+
+
+def _octal(value: int, width: int) -> bytes:
+    return b"%0*o\0" % (width - 1, value)
+
+
+def _pax_payload(name: bytes, size: int) -> bytes:
+    records = []
+    for key, value in ((b"path", name), (b"size", b"%d" % size)):
+        if key == b"size" and size < _PAX_SIZE:
+            continue
+        body = b" " + key + b"=" + value + b"\n"
+        length = len(body) + 1
+        while len(b"%d" % length) + len(body) != length:
+            length += 1
+        records.append(b"%d" % length + body)
+    return b"".join(records)
+
+
+class TarStreamWriter:
+    """Write a deterministic tar to a binary stream.
+
+    Every header has the same mtime, uid/gid 0, empty owner names and mode 0o444, so identical
+    members in identical order give byte-identical archives. Names longer than 100 bytes (or not
+    ASCII) and sizes of 8 GiB or more get a pax header, which GNU tar, Python's tarfile and
+    webdataset all read.
+
+    Members are gathered (by reference, not copied) and handed to the stream in batches of about
+    1 MiB: to `fileobj.write_parts(list_of_bytes)` when the stream has that method (the writer's
+    hashing sink does), else as a few write() calls (small pieces joined, large ones as they are).
+    `flush()` hands over what is pending, `finish()` ends the archive and flushes.
+    `bytes_written` counts every byte added, pending or not.
+    """
+
+    def __init__(self, fileobj: BinaryIO, *, mtime: int = 0, mode: int = 0o444) -> None:
+        self._out = fileobj
+        self._mtime = mtime
+        self._mode = mode
+        self.bytes_written = 0
+        self._pending: list[bytes] = []
+        self._pending_size = 0
+        # The fixed parts of every header, and their byte sum, so a header costs two joins.
+        self._ids = _octal(mode, 8) + _octal(0, 8) + _octal(0, 8)  # mode, uid, gid
+        self._mtime_field = _octal(mtime, 12)
+        self._fixed_sum = sum(self._ids) + sum(self._mtime_field) + 8 * 32 + sum(_HEADER_TAIL)
+
+    @staticmethod
+    def member_size(name: str, size: int) -> int:
+        """Bytes that add(name, data of `size`) writes, so writers can roll over before a write."""
+        total = BLOCK + size + (-size % BLOCK)
+        encoded = name.encode("utf-8", "surrogateescape")
+        if len(encoded) > 100 or not encoded.isascii() or size >= _PAX_SIZE:  # ustar cannot hold it
+            pax = _pax_payload(encoded, size)
+            total += BLOCK + len(pax) + (-len(pax) % BLOCK)
+        return total
+
+    def add(self, name: str, data: bytes) -> None:
+        """Append one regular file."""
+        encoded = name.encode("utf-8", "surrogateescape")
+        size = len(data)
+        if len(encoded) > 100 or not encoded.isascii() or size >= _PAX_SIZE:  # ustar cannot hold it
+            payload = _pax_payload(encoded, size)
+            self._emit(self._header(b"././@PaxHeader", len(payload), b"x"), payload)
+            encoded = encoded[:100] if encoded.isascii() else b"@LongName"
+            size_field = 0 if size >= _PAX_SIZE else size
+        else:
+            size_field = size
+        self._emit(self._header(encoded, size_field, b"0"), data)
+
+    def _emit(self, header: bytes, data: bytes) -> None:
+        size = len(data)
+        padding = -size % BLOCK
+        pending = self._pending
+        pending.append(header)
+        if size:
+            pending.append(data)
+        if padding:
+            pending.append(ZERO_BLOCK[:padding])
+        written = BLOCK + size + padding
+        self.bytes_written += written
+        self._pending_size += written
+        if self._pending_size >= _FLUSH_AT:
+            self.flush()
+
+    def _header(self, name: bytes, size: int, typeflag: bytes) -> bytes:
+        size_field = b"%011o\0" % size
+        checksum = self._fixed_sum + byte_sum(name) + sum(size_field) + typeflag[0]
+        return b"".join((
+            name, ZERO_BLOCK[: 100 - len(name)], self._ids, size_field, self._mtime_field,
+            b"%06o\0 " % checksum, typeflag, _HEADER_TAIL,
+        ))
+
+    def flush(self) -> None:
+        """Hand every pending byte to the stream (does not flush the stream itself)."""
+        if self._pending:
+            pending = self._pending
+            self._pending = []
+            self._pending_size = 0
+            chunks = coalesce(pending)
+            write = getattr(self._out, "write_parts", None)
+            if write is not None:
+                write(chunks)
+            else:
+                for chunk in chunks:
+                    self._out.write(chunk)
+
+    def finish(self) -> None:
+        """Write the end-of-archive marker (two zero blocks) and flush."""
+        self._pending.append(ZERO_BLOCK * 2)
+        self.bytes_written += 2 * BLOCK
+        self.flush()
+
+
+class GzipStage:
+    """Gzip between the tar writer and the sink; deterministic (zlib's gzip header has mtime 0).
+
+    `sink` takes batches through write_parts(list_of_bytes), as the writer's HashingSink does.
+    """
+
+    def __init__(self, sink: Any, level: int = 6) -> None:
+        self._sink = sink
+        self._zip = zlib.compressobj(level, zlib.DEFLATED, 31)
+
+    def write_parts(self, parts: list[bytes]) -> None:
+        compressed = [c for c in map(self._zip.compress, parts) if c]
+        if compressed:
+            self._sink.write_parts(compressed)
+
+    def write(self, data: bytes) -> int:
+        self.write_parts([data])
+        return len(data)
+
+    def finish(self) -> None:
+        self._sink.write_parts([self._zip.flush()])

@@ -1,0 +1,309 @@
+"""Writing shards: one tar (TarWriter) or numbered shards with rollover (ShardWriter), each committed
+atomically (see publish) with a receipt: URL, sample count, byte count and sha256.
+
+Shards are opened only when their first sample arrives, so no empty shards are ever created.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, BinaryIO, Callable
+
+from shardflow.errors import ShardIOError
+from shardflow.shards.committer import BackgroundCommitter
+from shardflow.shards.keys import Sample
+from shardflow.shards.publish import AtomicOutput, open_atomic
+from shardflow.shards.samples import sample_members
+from shardflow.shards.sinks import HashingSink
+from shardflow.shards.tar_headers import BLOCK
+from shardflow.shards.tar_write import GzipStage, TarStreamWriter
+from shardflow.storage.atomic import temp_glob
+from shardflow.storage.paths import filesystem, join
+from shardflow.storage.schemes import open_write
+
+__all__ = ["Encode", "ShardInfo", "ShardWriter", "TarWriter", "format_shard_name", "remove_stale_temps",
+           "sample_tar_size"]
+
+Encode = Callable[[Sample], Sample]
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """Receipt of a committed shard."""
+
+    url: str
+    nsamples: int
+    nbytes: int
+    sha256: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def remove_stale_temps(url: str, storage_options: dict[str, Any] | None = None, *, tag: str = "") -> int:
+    """Delete temp files a crashed writer left beside `url` (all of `tag`'s when a tag is given)."""
+    head, slash, _ = url.rpartition("/")
+    name = temp_glob(url, tag)
+    pattern = join(head, name) if head else slash + name  # slash: a file in "/" (temp_name's rule)
+    fs, path = filesystem(pattern, storage_options)
+    stale = fs.glob(path)
+    for name in stale:
+        fs.rm(name)
+    return len(stale)
+
+
+class TarWriter:
+    """Write samples into one tar shard (a URL, committed atomically, or an open binary stream).
+
+    `encoder` turns decoded values into bytes (see codecs.Encoder); without one every value must
+    already be bytes. Use as a context manager: an exception inside the block aborts the shard.
+    """
+
+    def __init__(
+        self,
+        target: str | BinaryIO,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        encoder: Encode | None = None,
+        mtime: int = 0,
+        checksum: str | None = "sha256",
+        temp_tag: str = "",
+        allow_pipe: bool | None = None,
+        threaded: bool = True,
+        fsync: bool = True,
+    ) -> None:
+        self.url = target if isinstance(target, str) else str(getattr(target, "name", "<stream>"))
+        self._atomic: AtomicOutput | None = None
+        self._owned: Any = None  # a "-" or pipe: stream opened (and closed) here, not atomic
+        if isinstance(target, str) and (target == "-" or target.startswith("pipe:")):
+            self._owned = open_write(target, storage_options, allow_pipe=allow_pipe)
+            out: Any = self._owned
+        elif isinstance(target, str):
+            out = self._atomic = open_atomic(target, storage_options, tag=temp_tag, fsync=fsync)
+        else:
+            out = target
+        self._sink = HashingSink(out, checksum, threaded=threaded)
+        # a .tar.gz / .tgz name gets what it says: the tar is gzipped on the way to the sink
+        self._gzip = GzipStage(self._sink) if self.url.endswith((".gz", ".tgz")) else None
+        self._tar = TarStreamWriter(self._gzip or self._sink, mtime=mtime)  # type: ignore[arg-type]
+        self._encoder = encoder
+        self.nsamples = 0
+        self.closed = False
+
+    def encoded_members(self, sample: Sample) -> list[tuple[str, bytes]]:
+        """The (name, bytes) members `write(sample)` would add."""
+        return sample_members(self._encoder(sample) if self._encoder else sample)
+
+    def write(self, sample: Sample) -> int:
+        """Add one sample; returns the tar bytes it took."""
+        return self.write_members(self.encoded_members(sample))
+
+    def write_members(self, members: list[tuple[str, bytes]]) -> int:
+        """Add one sample given as its (name, bytes) members; returns the tar bytes it took."""
+        if self.closed:
+            raise ValueError(f"{self.url} is closed")
+        before = self._tar.bytes_written
+        try:
+            for name, data in members:
+                self._tar.add(name, data)
+        except OSError as exc:
+            raise ShardIOError(f"write failed: {exc}", url=self.url) from exc
+        self.nsamples += 1
+        return self._tar.bytes_written - before
+
+    @property
+    def nbytes(self) -> int:
+        return self._tar.bytes_written
+
+    def close(self) -> ShardInfo:
+        """Finish the archive and commit it; returns its receipt."""
+        if self.closed:
+            raise ValueError(f"{self.url} is already closed")
+        try:
+            self._tar.finish()
+            if self._gzip is not None:
+                self._gzip.finish()
+            self._sink.drain()  # every byte hashed and handed to the output
+            if self._owned is not None:
+                self.closed = True
+                self._owned.close()  # a failing pipe: command raises PipeError here
+        except BaseException as exc:
+            self.closed = False
+            self.abort()
+            if isinstance(exc, OSError):
+                raise ShardIOError(f"write failed: {exc}", url=self.url) from exc
+            raise
+        self.closed = True
+        if self._atomic is not None:
+            self._atomic.commit()  # aborts and raises ShardIOError itself when it fails
+        return ShardInfo(self.url, self.nsamples, self._sink.nbytes, self._sink.hexdigest())
+
+    def abort(self) -> None:
+        """Throw the shard away (nothing appears under its name); safe to call more than once."""
+        if not self.closed:
+            self.closed = True
+            self._sink.drain(discard=True)  # stop the writing thread before dropping its output
+            if self._atomic is not None:
+                self._atomic.abort()
+            elif self._owned is not None:
+                try:
+                    self._owned.close()
+                except (OSError, ShardIOError):
+                    pass
+
+    def __del__(self) -> None:
+        # dropped without close() or abort(): stop the writing thread so the output can be aborted
+        if not getattr(self, "closed", True):
+            try:
+                self.abort()
+            except Exception:  # noqa: BLE001 - never raise from a finaliser
+                pass
+
+    def __enter__(self) -> "TarWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            if not self.closed:
+                self.close()
+        else:
+            self.abort()
+
+
+def sample_tar_size(members: list[tuple[str, bytes]]) -> int:
+    """Tar bytes a sample's members take, so ShardWriter can roll over before writing them."""
+    return sum(TarStreamWriter.member_size(name, len(data)) for name, data in members)
+
+
+def format_shard_name(pattern: str | Callable[[int], str], index: int) -> str:
+    """Shard URL for `index`: a callable, a `{shard:06d}`-style format, or a `%06d` pattern."""
+    if callable(pattern):
+        return pattern(index)
+    if "{" in pattern:
+        return pattern.format(index, shard=index)
+    return pattern % index
+
+
+class ShardWriter:
+    """Write a stream of samples into numbered shards with rollover.
+
+    A new shard starts when the current one holds `maxcount` samples or when the next sample would
+    push it past `maxsize` bytes of tar (so no shard exceeds maxsize unless one sample alone does).
+    `fsync=False` skips the fsync of local shards on commit (still atomic, no longer durable across
+    a power cut): for scratch output, or output that is copied elsewhere afterwards.
+    """
+
+    def __init__(
+        self,
+        pattern: str | Callable[[int], str],
+        *,
+        maxcount: int = 100_000,
+        maxsize: float = 3e9,
+        start_index: int = 0,
+        storage_options: dict[str, Any] | None = None,
+        encoder: Encode | None = None,
+        mtime: int = 0,
+        checksum: str | None = "sha256",
+        on_commit: Callable[[ShardInfo], None] | None = None,
+        temp_tag: str = "",
+        fsync: bool = True,
+        threaded: bool = True,
+        background_commit: bool = True,
+    ) -> None:
+        if maxcount < 1 or maxsize < 3 * BLOCK:
+            raise ValueError("maxcount must be >= 1 and maxsize >= 1536 bytes")
+        self.pattern = pattern
+        self.maxcount = maxcount
+        self.maxsize = int(maxsize)
+        self.index = start_index
+        self.shards: list[ShardInfo] = []
+        self._options = storage_options
+        self._encoder = encoder
+        self._mtime = mtime
+        self._checksum = checksum
+        self._on_commit = on_commit
+        self._temp_tag = temp_tag
+        self._fsync = fsync
+        self._threaded = threaded
+        self._current: TarWriter | None = None
+        # Finished shards are committed by one background thread while the next one is written
+        # (hides fsync and the final upload of object stores); receipts and on_commit calls are
+        # delivered in order, in the caller's thread, at the next write() or at close().
+        self._committer: BackgroundCommitter[ShardInfo] | None = BackgroundCommitter() if background_commit else None
+
+    def write(self, sample: Sample) -> None:
+        """Add one sample, starting a new shard first when it would not fit the current one."""
+        if self._committer is not None and self._committer.has_news():
+            self._deliver()
+        members = sample_members(self._encoder(sample) if self._encoder else sample)
+        size = sample_tar_size(members)
+        current = self._current
+        if current is not None and (
+            current.nsamples >= self.maxcount or current.nbytes + size + 2 * BLOCK > self.maxsize
+        ):
+            self._finish_current()
+            current = None
+        if current is None:
+            url = format_shard_name(self.pattern, self.index)
+            self.index += 1
+            current = self._current = TarWriter(
+                url, storage_options=self._options, mtime=self._mtime, checksum=self._checksum,
+                temp_tag=self._temp_tag, fsync=self._fsync, threaded=self._threaded,
+            )
+        current.write_members(members)
+
+    def _finish_current(self) -> None:
+        current, self._current = self._current, None
+        if current is None:
+            return
+        if self._committer is not None:
+            self._committer.submit(current)  # closed (drained, fsynced, renamed) in the background
+        else:
+            self._record(current.close())
+        self._deliver()
+
+    def _record(self, info: ShardInfo) -> None:
+        self.shards.append(info)
+        if self._on_commit is not None:
+            self._on_commit(info)
+
+    def _deliver(self) -> None:
+        """Receipts of shards the background committer finished, in order (and its error)."""
+        if self._committer is not None:
+            for info in self._committer.take_done():
+                self._record(info)
+            self._committer.raise_error()
+
+    def close(self) -> list[ShardInfo]:
+        """Commit the shard in progress; returns receipts of every shard written."""
+        self._finish_current()
+        if self._committer is not None:
+            self._committer.wait()
+            self._committer.stop()
+            self._deliver()
+        return self.shards
+
+    def abort(self) -> None:
+        """Throw away the shard in progress (already finished shards are still committed)."""
+        if self._current is not None:
+            self._current.abort()
+            self._current = None
+        if self._committer is not None:
+            self._committer.wait()
+            self._committer.stop()
+            for info in self._committer.take_done():
+                self._record(info)
+
+    def __del__(self) -> None:
+        committer = getattr(self, "_committer", None)
+        if committer is not None:
+            committer.stop(join=False)
+
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()

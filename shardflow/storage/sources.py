@@ -1,0 +1,187 @@
+"""Byte ranges of ONE version of one remote object: what RemoteReader fetches its blocks from.
+
+A source takes the object's identity once (`stat()`: size plus ETag on S3, generation on GCS,
+whatever `info()` gives elsewhere) and serves ranges of exactly that version. S3 ranges are asked
+with `If-Match: <etag at open>` and GCS ranges are pinned to the generation, so a replaced object is
+an ObjectChangedError, never a mix of two versions; the generic source compares the identity again
+(`check_unchanged()`) before every retry.
+
+Which source a filesystem gets is a table keyed on its protocol (`fs.protocol`), like fsspec's own
+registry, not a guess from class names.
+"""
+
+from __future__ import annotations
+
+import errno
+from typing import Any, Callable
+
+from shardflow.errors import ShardIOError
+from shardflow.storage.paths import fs_protocols
+
+_IDENTITY_KEYS = ("size", "ETag", "etag", "generation", "VersionId", "version_id", "md5Hash", "crc32c",
+                  "LastModified", "mtime", "updated", "checksum")
+
+
+class ObjectChangedError(ShardIOError):
+    """The object was replaced, deleted or truncated while it was being read."""
+
+
+def _deleted(url: str) -> ObjectChangedError:
+    return ObjectChangedError("object was deleted while it was being read", url=url)
+
+
+def _sync(fs: Any, coro_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run a coroutine of an async filesystem (s3fs) on its own event loop, from this thread."""
+    from fsspec.asyn import sync
+
+    return sync(fs.loop, coro_fn, *args, **kwargs)
+
+
+def _fmt_identity(identity: tuple[Any, ...] | None) -> str:
+    return ", ".join(f"{k}={v}" for k, v in identity or ()) or "unknown"
+
+
+class ObjectSource:
+    """Byte ranges of one object through any fsspec filesystem, pinned to the version seen by stat()."""
+
+    def __init__(self, fs: Any, path: str, url: str) -> None:
+        self.fs = fs
+        self.path = path
+        self.url = url
+        self.size: int | None = None
+        self.identity: tuple[Any, ...] | None = None
+
+    def stat(self) -> None:
+        try:
+            self.fs.invalidate_cache(self.path)
+        except Exception:  # noqa: BLE001 - a cache miss costs only a request
+            pass
+        info = self.info = self.fs.info(self.path)
+        if info.get("type") == "directory":
+            raise IsADirectoryError(self.path)
+        size = info.get("size")
+        # None: no size, or ranges refused ("Accept-Ranges: none"): read as one plain stream instead
+        self.size = int(size) if size is not None and info.get("partial", True) is not False else None
+        self.identity = tuple((k, str(info[k])) for k in _IDENTITY_KEYS if info.get(k) is not None)
+
+    def fetch(self, start: int, end: int) -> bytes:
+        return self.fs.cat_file(self.path, start=start, end=end)
+
+    def check_unchanged(self) -> None:
+        """Raise ObjectChangedError when the object is no longer the one opened."""
+        before = self.identity
+        try:
+            self.stat()
+        except FileNotFoundError as exc:
+            raise _deleted(self.url) from exc
+        if self.identity != before:
+            raise ObjectChangedError(
+                f"object changed while it was being read (was {_fmt_identity(before)}, now "
+                f"{_fmt_identity(self.identity)})",
+                url=self.url,
+            )
+
+
+class S3Source(ObjectSource):
+    """S3 through s3fs: ranged GetObject with If-Match on the ETag seen at open."""
+
+    def stat(self) -> None:
+        bucket, key, version = self.fs.split_path(self.path)
+        kw = {"VersionId": version} if version else {}
+        head = _sync(self.fs, self.fs._call_s3, "head_object", Bucket=bucket, Key=key, **kw)
+        self.size = int(head["ContentLength"])
+        self.etag = head.get("ETag")
+        self.version = version or None
+        self.identity = (("size", str(self.size)), ("ETag", str(self.etag)))
+
+    def fetch(self, start: int, end: int) -> bytes:
+        return _sync(self.fs, self._fetch, start, end)
+
+    async def _fetch(self, start: int, end: int) -> bytes:
+        bucket, key, _ = self.fs.split_path(self.path)
+        kw: dict[str, Any] = {"Range": f"bytes={start}-{end - 1}"}
+        if self.etag:
+            kw["IfMatch"] = self.etag
+        if self.version:
+            kw["VersionId"] = self.version
+        try:
+            resp = await self.fs._call_s3("get_object", Bucket=bucket, Key=key, **kw)
+        except FileNotFoundError as exc:
+            raise _deleted(self.url) from exc
+        except OSError as exc:
+            text = str(exc).lower()
+            if "precondition" in text or "pre-condition" in text or (
+                exc.errno == errno.EINVAL and "match" in text
+            ):
+                raise ObjectChangedError(
+                    "object changed while it was being read (ETag no longer matches)", url=self.url
+                ) from exc
+            raise
+        try:
+            etag = resp.get("ETag")
+            if self.etag and etag and etag != self.etag:
+                raise ObjectChangedError(
+                    f"object changed while it was being read (ETag {self.etag} at open, {etag} now)",
+                    url=self.url,
+                )
+            return await resp["Body"].read()
+        finally:
+            resp["Body"].close()
+
+    def check_unchanged(self) -> None:
+        before = (self.size, self.etag)
+        try:
+            self.stat()
+        except FileNotFoundError as exc:
+            raise _deleted(self.url) from exc
+        if (self.size, self.etag) != before:
+            raise ObjectChangedError(
+                f"object changed while it was being read (size {before[0]}, ETag {before[1]} at open; "
+                f"size {self.size}, ETag {self.etag} now)",
+                url=self.url,
+            )
+
+
+class GCSSource(ObjectSource):
+    """GCS through gcsfs: ranged media GETs pinned to the generation seen at open."""
+
+    def stat(self) -> None:
+        super().stat()
+        self.generation = self.info.get("generation")
+
+    def fetch(self, start: int, end: int) -> bytes:
+        url = self.fs.url(self.path, generation=self.generation) if self.generation else self.fs.url(self.path)
+        try:
+            headers, data = self.fs.call("GET", url, headers={"Range": f"bytes={start}-{end - 1}"})
+        except FileNotFoundError as exc:
+            raise ObjectChangedError(
+                f"object generation {self.generation} is gone: the object was replaced or deleted while "
+                f"it was being read",
+                url=self.url,
+            ) from exc
+        got = headers.get("x-goog-generation") if headers is not None else None
+        if self.generation and got and str(got) != str(self.generation):
+            raise ObjectChangedError(
+                f"object changed while it was being read (generation {self.generation} at open, {got} now)",
+                url=self.url,
+            )
+        return data
+
+
+# protocol -> (source class, the filesystem method it relies on: absent means another library owns
+# the protocol name, and the generic source is used instead)
+SOURCES: dict[str, tuple[type[ObjectSource], str]] = {
+    "gcs": (GCSSource, "call"),
+    "gs": (GCSSource, "call"),
+    "s3": (S3Source, "_call_s3"),
+    "s3a": (S3Source, "_call_s3"),
+}
+
+
+def make_source(fs: Any, path: str, url: str) -> ObjectSource:
+    """The source for `path` on `fs`: the store-specific one its protocol names, else the generic one."""
+    for name in fs_protocols(fs):
+        entry = SOURCES.get(name)
+        if entry is not None and hasattr(fs, entry[1]):
+            return entry[0](fs, path, url)
+    return ObjectSource(fs, path, url)
