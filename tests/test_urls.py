@@ -242,3 +242,16 @@ def test_stdin_stream(tmp_path):
         out = subprocess.run([sys.executable, "-c", code], stdin=f, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "5"
+
+
+@pytest.mark.parametrize("scheme", ["file://", "local://"])
+def test_local_url_schemes_round_trip(tmp_path, monkeypatch, scheme):
+    """`local://` is fsspec's other name for local files: written and read at the path it names (it was
+    read as a missing file and written into a folder named `local:` in the working directory)."""
+    monkeypatch.chdir(tmp_path)
+    target = tmp_path / "out" / "x.tar"
+    url = f"{scheme}{target}"
+    with TarWriter(url) as writer:
+        writer.write({"__key__": "a", "txt": b"hello"})
+    assert target.is_file() and not (tmp_path / "local:").exists()
+    assert [s["txt"] for s in read_samples(open_read(url), url)] == [b"hello"]

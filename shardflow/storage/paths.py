@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 Options = Mapping[str, Any] | None
 
-_LOCAL_PREFIXES = ("file://",)
+_LOCAL_PREFIXES = ("file://", "local://")
 
 
 def protocol(url: str) -> str:
