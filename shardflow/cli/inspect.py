@@ -30,6 +30,7 @@ from shardflow.shards.keys import Sample
 from shardflow.shards.samples import iter_samples
 from shardflow.shards.tar_read import iter_members
 from shardflow.storage import options as so
+from shardflow.storage.counting import CountingReader
 from shardflow.storage.schemes import open_read
 from shardflow.storage.specs import expand
 
@@ -52,19 +53,6 @@ def _errors(options: dict[str, Any] | None) -> Any:
     return one_line_errors(options, exit_code=EXIT_FAILED, broken_pipe_ok=True)
 
 
-class _Counting:
-    """Counts the bytes read through a stream (the shard's size as stored, compressed or not)."""
-
-    def __init__(self, stream: BinaryIO) -> None:
-        self._stream = stream
-        self.nbytes = 0
-
-    def read(self, n: int = -1) -> bytes:
-        data = self._stream.read(n)
-        self.nbytes += len(data)
-        return data
-
-
 def _expand(specs: tuple[str, ...], options: dict[str, Any]) -> list[str]:
     out: list[str] = []
     for spec in specs:
@@ -73,10 +61,10 @@ def _expand(specs: tuple[str, ...], options: dict[str, Any]) -> list[str]:
 
 
 @contextmanager
-def _open(url: str, options: dict[str, Any], allow_pipe: bool) -> Iterator[_Counting]:
+def _open(url: str, options: dict[str, Any], allow_pipe: bool) -> Iterator[CountingReader]:
     stream = open_read(url, so.options_for(url, options), allow_pipe=allow_pipe)
     try:
-        yield _Counting(stream)
+        yield CountingReader(stream)
     finally:
         stream.close()
 

@@ -22,6 +22,7 @@ from shardflow.run.stats import Stats
 from shardflow.run.task import Task, TaskResult
 from shardflow.shards.samples import read_samples
 from shardflow.shards.writer import ShardInfo, ShardWriter, remove_stale_temps
+from shardflow.storage.counting import CountingReader
 from shardflow.storage.schemes import open_read
 
 Progress = Callable[[int], None]
@@ -82,19 +83,6 @@ def _attempt(task: Task, context: TaskContext, progress: Progress | None) -> Tas
     return TaskResult(task.id, "done", stats, outputs)
 
 
-class _CountingReader:
-    """Counts the bytes read from a shard stream (bytes_in)."""
-
-    def __init__(self, stream: Any) -> None:
-        self._stream = stream
-        self.count = 0
-
-    def read(self, n: int = -1) -> bytes:
-        data = self._stream.read(n)
-        self.count += len(data)
-        return data
-
-
 class _ProgressBatcher:
     """Hands sample counts to the backend's progress callback at most every half second."""
 
@@ -138,7 +126,7 @@ def _stream_input(url: str, context: TaskContext, processor: SampleProcessor, wr
     """One input shard of a task: its samples processed and written, its bytes counted."""
     stats, failures = processor.stats, processor.failures
     stream = _open_input(url, context, failures)
-    counted = _CountingReader(stream)
+    counted = CountingReader(stream)
     policy = "raise" if context.on_error == "raise" else "skip"
 
     def report(error: ShardflowError) -> None:
@@ -157,7 +145,7 @@ def _stream_input(url: str, context: TaskContext, processor: SampleProcessor, wr
     finally:
         stream.close()
     stats.shards_in += 1
-    stats.bytes_in += counted.count
+    stats.bytes_in += counted.nbytes
 
 
 def _open_input(url: str, context: TaskContext, failures: SampleFailures) -> Any:
