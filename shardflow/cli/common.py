@@ -50,9 +50,9 @@ def one_line_errors(options: dict[str, Any] | None = None, *, exit_code: int = E
     """
     try:
         yield
-    except BrokenPipeError:
+    except BrokenPipeError as exc:
         if not broken_pipe_ok:
-            raise Fail("broken pipe", exit_code) from None
+            raise Fail(_describe(exc, options), exit_code) from None
         _quiet_stdout()
         raise SystemExit(EXIT_OK) from None
     except click.ClickException:
@@ -63,8 +63,12 @@ def one_line_errors(options: dict[str, Any] | None = None, *, exit_code: int = E
     except ShardflowError as exc:
         raise Fail(so.scrub(str(exc), options), exit_code) from None
     except (OSError, ValueError, KeyError, ImportError, *catch) as exc:
-        text = str(exc) or type(exc).__name__
-        raise Fail(so.scrub(f"{type(exc).__name__}: {text}", options), exit_code) from None
+        raise Fail(_describe(exc, options), exit_code) from None
+
+
+def _describe(exc: BaseException, options: dict[str, Any] | None) -> str:
+    """`TypeName: message` of an unexpected exception, credentials scrubbed."""
+    return so.scrub(f"{type(exc).__name__}: {str(exc) or type(exc).__name__}", options)
 
 
 def _quiet_stdout() -> None:

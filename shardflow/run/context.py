@@ -1,8 +1,9 @@
 """TaskContext: the little that run_task needs from a job, as one value.
 
 run_task used to read fourteen attributes of ShardJob and call back into it; it now reads this
-instead, so the task layer does not depend on the job class, and a backend or a pod can build the
-context once per process and run any number of tasks with it.
+instead, so the task layer does not depend on the job class. `ShardJob.task_context()` makes one
+from the job's current settings and the parts it builds once (codecs, run directory), so a changed
+setting is always seen and nothing here needs invalidating.
 """
 
 from __future__ import annotations

@@ -81,21 +81,12 @@ class ShardJob:
         self._encoder: Callable[[dict[str, Any]], dict[str, Any]] | None = None
         self._run_dir_url = run_dir
         self._rundir: RunDir | None = None
-        self._context: TaskContext | None = None
-
-    _context: TaskContext | None = None  # a class default: jobs pickled by 0.1.0 have no such attribute
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if not name.startswith("_"):  # a changed setting (job.fn, job.on_error...) makes a new context
-            object.__setattr__(self, "_context", None)
-        object.__setattr__(self, name, value)
 
     # pickled to workers: leave caches behind, they are cheap to rebuild
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_tasks"] = None
         state["_rundir"] = None
-        state["_context"] = None
         return state
 
     # -- where things go -----------------------------------------------------------------------
@@ -122,18 +113,15 @@ class ShardJob:
         than the process that planned the job: a pod, a Dask worker)."""
         self._run_dir_url = run_dir.url
         self._rundir = run_dir
-        self._context = None
 
     def task_context(self) -> TaskContext:
-        """What run_task reads, built once per process (codecs included)."""
-        if self._context is None:
-            self._context = TaskContext(
-                fn=self.fn, run_dir=self.rundir(), run_dir_url=self.run_dir, decoder=self.make_decoder(),
-                encoder=self.make_encoder(), on_error=self.on_error, seed=self.seed, maxcount=self.maxcount,
-                maxsize=self.maxsize, max_failure_rate=self.max_failure_rate, io_retries=self.io_retries,
-                retry_backoff=self.retry_backoff, allow_pipe=self.allow_pipe, storage_options=self.storage_options,
-            )
-        return self._context
+        """What run_task reads: the job's current settings with its cached codecs and run directory."""
+        return TaskContext(
+            fn=self.fn, run_dir=self.rundir(), run_dir_url=self.run_dir, decoder=self.make_decoder(),
+            encoder=self.make_encoder(), on_error=self.on_error, seed=self.seed, maxcount=self.maxcount,
+            maxsize=self.maxsize, max_failure_rate=self.max_failure_rate, io_retries=self.io_retries,
+            retry_backoff=self.retry_backoff, allow_pipe=self.allow_pipe, storage_options=self.storage_options,
+        )
 
     # -- the plan ------------------------------------------------------------------------------
     def plan(self) -> list[Task]:

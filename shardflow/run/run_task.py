@@ -13,7 +13,7 @@ import time
 import traceback
 from typing import Any, Callable
 
-from shardflow.errors import FailureKind, FormatError, SampleError, ShardflowError, ShardIOError
+from shardflow.errors import RAISE, SKIP, FailureKind, FormatError, SampleError, ShardflowError, ShardIOError
 from shardflow.run.context import TaskContext
 from shardflow.run.failures import SampleFailures, TaskFailed
 from shardflow.run.process import SampleProcessor
@@ -127,7 +127,7 @@ def _stream_input(url: str, context: TaskContext, processor: SampleProcessor, wr
     stats, failures = processor.stats, processor.failures
     stream = _open_input(url, context, failures)
     counted = CountingReader(stream)
-    policy = "raise" if context.on_error == "raise" else "skip"
+    policy = RAISE if context.on_error == RAISE else SKIP  # read_samples reports; failures warns itself
 
     def report(error: ShardflowError) -> None:
         failures.record(error, error.url or url, error.key, "read")

@@ -2,7 +2,7 @@
 
 One small class per kind of storage, chosen by the URL's protocol from a table:
 - local files are written to a hidden temp name in the same directory, fsynced and renamed;
-- object stores (s3, gs, azure, ... any fsspec AbstractBufferedFile) stream to the final key and the
+- object stores (STREAMING_UPLOAD_PROTOCOLS: s3, gs, azure, ...) stream to the final key and the
   multipart/resumable upload is completed only by a clean close, and aborted on error;
 - other filesystems (memory://, ...) are written to a temp name and moved.
 Temp names come from shardflow.storage.atomic, so a rerun finds a killed writer's temps by the same
