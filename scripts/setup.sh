@@ -45,6 +45,17 @@ if ! tar --version 2>/dev/null | grep -q 'GNU tar'; then
   fi
 fi
 
+# ---- ImageMagick (the shell-toolkit tests run the real `convert`, as tarproc users do) ----------
+if [[ ! -x /usr/bin/convert ]]; then
+  if command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then
+    say "ImageMagick missing: apt-get install imagemagick"
+    { apt-get install -y -qq imagemagick || { apt-get update -qq && apt-get install -y -qq imagemagick; }; } >/dev/null \
+      || say "WARNING: could not install ImageMagick; its tests will be skipped"
+  else
+    say "WARNING: ImageMagick (/usr/bin/convert) missing; its tests will be skipped"
+  fi
+fi
+
 want_stamp() { cat constraints.txt pyproject.toml | sha256sum | cut -d' ' -f1; }
 
 # ---- --freeze: constraints.txt from the venv as it is ---------------------------------------
