@@ -50,14 +50,14 @@ def _job_options(fn: Any) -> Any:
     """The options every command that loads a job file shares."""
     options = [
         click.option("--inputs", "-i", metavar="SPEC", help="input shards: brace pattern, glob or URL"),
-        click.option("--outputs", metavar="SPEC",
+        click.option("--outputs", "-o", metavar="SPEC",
                      help="output shards: one per task (same count as the tasks), or a pattern with "
                      "{task}, {name} (input shard name) and {part} (rollover part)"),
         click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
                      help="override a ShardJob option (maxcount, decode, on_error, seed, ...) or a PARAMS "
                      "key of the job file (repeatable; values are JSON when they parse as JSON)"),
         click.option("--run-dir", metavar="URL", help="run directory (default: _shardflow beside the outputs)"),
-        storage_option_flag(short=False),
+        storage_option_flag(),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -225,7 +225,7 @@ def plan_command(jobfile: str, inputs: str | None, outputs: str | None, settings
 @click.option("--errors", "nerrors", type=click.IntRange(min=0), default=5, show_default=True,
               help="dropped samples and failed tasks to show")
 @click.option("--json", "as_json", is_flag=True, help="print the status as JSON")
-@storage_option_flag(short=False, help="fsspec storage option for the run directory (repeatable)")
+@storage_option_flag(help="fsspec storage option for the run directory (repeatable)")
 def status_command(run_dir: str, nerrors: int, as_json: bool, storage_option: tuple[str, ...]) -> None:
     """How far a run got, from its run directory alone (the outputs are not read).
 

@@ -1,0 +1,151 @@
+"""Safe outputs: checks `ShardJob.prepare()` makes before a run writes anything.
+
+- Outputs that resolve to an input are refused (a run in place would destroy its inputs, and the
+  samples that failed would be gone for good).
+- An output directory holding shards that no run of this job wrote (not its planned output names,
+  not its inputs) is refused unless `overwrite=True` (`--overwrite`).
+- A rerun whose code (job file, function, PARAMS: `run.fingerprint`) differs from the code recorded
+  in plan.json is refused unless `redo=True` (`--redo`: every task again, into fresh outputs) or
+  `resume_anyway=True` (`--resume-anyway`: keep the finished tasks, run the rest with the new code).
+- The default run directory: `_shardflow` beside the outputs when it is free or holds this job's
+  plan, else `_shardflow-<job>-<hash>` (run.fingerprint.default_run_dir_name), so two jobs writing
+  into one output directory keep their progress apart.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import string
+from typing import Any, Iterable
+
+from shardflow.errors import JobError
+from shardflow.run.fingerprint import code_difference, code_fingerprint, default_run_dir_name
+from shardflow.run.rundir import RunDir
+from shardflow.run.task import Task
+from shardflow.storage.atomic import is_temp_name
+from shardflow.storage.paths import filesystem, is_local, join, local_path, protocol
+
+SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+MAX_DIRS_LISTED = 64  # output directories looked into (a pattern with {task} in the folder has many)
+
+
+def _canonical(url: str) -> str:
+    """One spelling per location: local paths resolved (symlinks, `..`, file://), remote URLs as given."""
+    if is_local(url):
+        return "file://" + os.path.realpath(os.path.expanduser(local_path(url)))
+    proto, _, rest = url.partition("://")
+    return f"{proto}://{rest.lstrip('/')}"
+
+
+def _parts_key(output_parts: str) -> tuple[str, re.Pattern[str]]:
+    """A task's rollover part format string (`d/x_{part:03d}.tar`) as (the canonical URL up to its first
+    field, a regex matching the canonical URLs of its parts)."""
+    head, _, base = output_parts.rpartition("/")
+    directory = _canonical(head.replace("{{", "{").replace("}}", "}") or ".") + "/"
+    fields = list(string.Formatter().parse(base))
+    regex = re.escape(directory) + "".join(re.escape(lit) + (r"\d+" if field is not None else "")
+                                           for lit, field, _, _ in fields)
+    return directory + (fields[0][0] if fields else ""), re.compile(regex)
+
+
+def check_not_in_place(tasks: list[Task]) -> None:
+    """Refuse outputs (or their rollover parts) that resolve to any input shard."""
+    inputs = {_canonical(u): u for t in tasks for u in t.inputs}
+    for task in tasks:
+        for name in (task.output, task.part_url(1)):
+            found = inputs.get(_canonical(name))
+            if found is not None:
+                raise JobError(f"output {name} of task {task.id} is the input shard {found}: a run in place "
+                               "would destroy its inputs; write the outputs somewhere else")
+
+
+def _planned(tasks: Iterable[Task]) -> tuple[set[str], dict[str, list[re.Pattern[str]]]]:
+    names: set[str] = set()
+    patterns: dict[str, list[re.Pattern[str]]] = {}
+    for task in tasks:
+        names.add(_canonical(task.output))
+        prefix, regex = _parts_key(task.output_parts)
+        patterns.setdefault(prefix, []).append(regex)
+    return names, patterns
+
+
+def _ours(url: str, names: set[str], patterns: dict[str, list[re.Pattern[str]]]) -> bool:
+    if url in names:
+        return True
+    return any(p.fullmatch(url) for end in range(len(url), 0, -1) for p in patterns.get(url[:end], ()))
+
+
+def _existing_shards(directory: str, options: dict[str, Any] | None) -> list[str]:
+    """Canonical URLs of the (final, non-temp) shards in `directory`; empty when it does not exist."""
+    fs, path = filesystem(directory, options)
+    try:
+        entries = fs.ls(path, detail=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    out = []
+    for entry in entries:
+        base = entry.rstrip("/").rsplit("/", 1)[-1]
+        if base.endswith(SHARD_SUFFIXES) and not base.startswith(".") and not is_temp_name(base):
+            url = entry if is_local(directory) else f"{protocol(directory)}://{entry.split('://', 1)[-1]}"
+            out.append(_canonical(url))
+    return out
+
+
+def check_foreign_shards(job: Any, tasks: list[Task], run_dir: RunDir) -> None:
+    """Refuse output directories holding shards that are neither this job's outputs nor its inputs.
+
+    "This job's outputs" are the names the plan gives (part 0 and rollover parts), and those of the plan
+    already in the run directory (a rerun with fewer inputs does not make the old outputs foreign).
+    """
+    known = list(tasks)
+    if run_dir.exists("plan.json"):
+        known += [Task.from_json(t) for t in run_dir.read_json("plan.json").get("tasks", [])]
+    names, patterns = _planned(known)
+    inputs = {_canonical(u) for t in tasks for u in t.inputs}
+    directories = sorted({t.output.rpartition("/")[0] or "." for t in tasks})[:MAX_DIRS_LISTED]
+    for directory in directories:
+        for url in _existing_shards(directory, job.options_for(directory)):
+            if url not in inputs and not _ours(url, names, patterns):
+                raise JobError(f"output directory {directory} holds shards this job did not write (e.g. "
+                               f"{url.rsplit('/', 1)[-1]}): they could be another dataset; choose another "
+                               "output directory, or pass --overwrite (overwrite=True) to write there anyway")
+
+
+def check_code(job: Any, run_dir: RunDir, *, redo: bool = False, resume_anyway: bool = False) -> dict[str, Any]:
+    """The job's code fingerprint; refuse a run directory planned with other code unless told what to do.
+
+    `redo`: forget every finished task (they rerun and rewrite their outputs); `resume_anyway`: keep them.
+    Either way plan.json then records the new code.
+    """
+    code = code_fingerprint(job)
+    if not run_dir.exists("plan.json"):
+        return code
+    plan = run_dir.read_json("plan.json")
+    old = plan.get("code")
+    if old is not None and old.get("fingerprint") == code["fingerprint"]:
+        return code
+    if old is not None and not (redo or resume_anyway):
+        raise JobError(f"the job's code differs from the code that planned run directory {run_dir.url} "
+                       f"({code_difference(old, code)}): pass --redo (redo=True) to run every task again into "
+                       "fresh outputs, or --resume-anyway (resume_anyway=True) to keep the finished tasks")
+    if redo:
+        run_dir.reset()
+    run_dir.write_json("plan.json", {**plan, "code": code})  # old plans (no "code" key) adopt the current code
+    return code
+
+
+def default_run_dir(job: Any, head: str) -> str:
+    """`head/_shardflow` when free or holding this job's plan, else `head/_shardflow-<job>-<hash>`."""
+    own = join(head, default_run_dir_name(job))
+    shared = join(head, "_shardflow")
+    if RunDir(own, job.options_for(own)).exists("plan.json"):
+        return own
+    rundir = RunDir(shared, job.options_for(shared))
+    if not rundir.exists("plan.json"):
+        return shared
+    try:
+        name = rundir.read_json("plan.json").get("job", {}).get("name")
+    except (OSError, ValueError):
+        return own
+    return shared if name == job.name else own
