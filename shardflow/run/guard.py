@@ -95,12 +95,14 @@ def _existing_shards(directory: str, options: dict[str, Any] | None) -> list[str
 def check_foreign_shards(job: Any, tasks: list[Task], run_dir: RunDir) -> None:
     """Refuse output directories holding shards that are neither this job's outputs nor its inputs.
 
-    "This job's outputs" are the names the plan gives (part 0 and rollover parts), and those of the plan
-    already in the run directory (a rerun with fewer inputs does not make the old outputs foreign).
+    "This job's outputs" are, once its run directory holds a plan, the names the plan gives (part 0 and
+    rollover parts) and those of the plan there (a rerun with fewer inputs does not make the old outputs
+    foreign). Before a first run nothing is: a shard already under a planned name was written by
+    someone else (another job, or a run whose run directory is gone).
     """
-    known = list(tasks)
-    if run_dir.exists("plan.json"):
-        known += [Task.from_json(t) for t in run_dir.read_json("plan.json").get("tasks", [])]
+    known: list[Task] = []
+    if run_dir.exists("plan.json"):  # a run of this job started here: the names it plans are its own
+        known = list(tasks) + [Task.from_json(t) for t in run_dir.read_json("plan.json").get("tasks", [])]
     names, patterns = _planned(known)
     inputs = {_canonical(u) for t in tasks for u in t.inputs}
     directories = sorted({t.output.rpartition("/")[0] or "." for t in tasks})[:MAX_DIRS_LISTED]
@@ -120,7 +122,7 @@ def check_code(job: Any, run_dir: RunDir, *, redo: bool = False, resume_anyway: 
     """
     code = code_fingerprint(job)
     if not run_dir.exists("plan.json"):
-        return code
+        return code  # written with the plan
     plan = run_dir.read_json("plan.json")
     old = plan.get("code")
     if old is not None and old.get("fingerprint") == code["fingerprint"]:

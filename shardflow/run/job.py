@@ -121,7 +121,7 @@ class ShardJob:
             encoder=self.make_encoder(), on_error=self.on_error, seed=self.seed, maxcount=self.maxcount,
             maxsize=self.maxsize, max_failure_rate=self.max_failure_rate, io_retries=self.io_retries,
             retry_backoff=self.retry_backoff, allow_pipe=self.allow_pipe, storage_options=self.storage_options,
-            debug=getattr(self, "debug", False),
+            debug=getattr(self, "debug", False), limit=getattr(self, "limit", None),
         )
 
     # -- the plan ------------------------------------------------------------------------------
@@ -190,9 +190,10 @@ class ShardJob:
         guard.check_not_in_place(self.plan())
         if not overwrite:
             guard.check_foreign_shards(self, self.plan(), run_dir)
-        code = guard.check_code(self, run_dir, redo=redo or force, resume_anyway=resume_anyway)
+        code = guard.code_fingerprint(self)
         run_dir.init_plan({"job": self.describe(), "tasks": [t.to_json() for t in self.plan()],
                            "settings": self.settings(), "code": code}, force=force)
+        guard.check_code(self, run_dir, redo=redo or force, resume_anyway=resume_anyway)
         run_dir.save_job(self)
         return run_dir
 

@@ -137,6 +137,8 @@ def _stream_input(url: str, context: TaskContext, processor: SampleProcessor, wr
 
     try:
         for sample in read_samples(counted, url, on_error=policy, report=report):
+            if context.limit is not None and stats.samples_in >= context.limit:
+                break  # a trial run (--limit): the task ends after its first samples
             stats.samples_in += 1
             for encoded in processor.process(sample):
                 writer.write(encoded)
