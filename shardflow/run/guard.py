@@ -102,7 +102,10 @@ def check_foreign_shards(job: Any, tasks: list[Task], run_dir: RunDir) -> None:
     """
     known: list[Task] = []
     if run_dir.exists("plan.json"):  # a run of this job started here: the names it plans are its own
-        known = list(tasks) + [Task.from_json(t) for t in run_dir.read_json("plan.json").get("tasks", [])]
+        plan = run_dir.read_json("plan.json")
+        if plan.get("overwrite"):
+            return  # an earlier run of this run directory was told to write there anyway
+        known = list(tasks) + [Task.from_json(t) for t in plan.get("tasks", [])]
     names, patterns = _planned(known)
     inputs = {_canonical(u) for t in tasks for u in t.inputs}
     directories = sorted({t.output.rpartition("/")[0] or "." for t in tasks})[:MAX_DIRS_LISTED]
@@ -114,18 +117,19 @@ def check_foreign_shards(job: Any, tasks: list[Task], run_dir: RunDir) -> None:
                                "output directory, or pass --overwrite (overwrite=True) to write there anyway")
 
 
-def check_code(job: Any, run_dir: RunDir, *, redo: bool = False, resume_anyway: bool = False) -> dict[str, Any]:
-    """The job's code fingerprint; refuse a run directory planned with other code unless told what to do.
+def check_code(job: Any, run_dir: RunDir, *, redo: bool = False, resume_anyway: bool = False,
+               overwrite: bool = False) -> dict[str, Any]:
+    """After the plan is written: refuse a run directory planned with other code unless told what to do.
 
     `redo`: forget every finished task (they rerun and rewrite their outputs); `resume_anyway`: keep them.
-    Either way plan.json then records the new code.
+    Either way plan.json then records the new code. `overwrite` is recorded too (reruns do not ask again).
     """
     code = code_fingerprint(job)
-    if not run_dir.exists("plan.json"):
-        return code  # written with the plan
     plan = run_dir.read_json("plan.json")
     old = plan.get("code")
     if old is not None and old.get("fingerprint") == code["fingerprint"]:
+        if overwrite and not plan.get("overwrite"):
+            run_dir.write_json("plan.json", {**plan, "overwrite": True})
         return code
     if old is not None and not (redo or resume_anyway):
         raise JobError(f"the job's code differs from the code that planned run directory {run_dir.url} "
@@ -133,7 +137,8 @@ def check_code(job: Any, run_dir: RunDir, *, redo: bool = False, resume_anyway: 
                        "fresh outputs, or --resume-anyway (resume_anyway=True) to keep the finished tasks")
     if redo:
         run_dir.reset()
-    run_dir.write_json("plan.json", {**plan, "code": code})  # old plans (no "code" key) adopt the current code
+    recorded = {**plan, "code": code, **({"overwrite": True} if overwrite else {})}
+    run_dir.write_json("plan.json", recorded)  # old plans (no "code" key) adopt the current code
     return code
 
 

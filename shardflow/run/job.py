@@ -193,7 +193,7 @@ class ShardJob:
         code = guard.code_fingerprint(self)
         run_dir.init_plan({"job": self.describe(), "tasks": [t.to_json() for t in self.plan()],
                            "settings": self.settings(), "code": code}, force=force)
-        guard.check_code(self, run_dir, redo=redo or force, resume_anyway=resume_anyway)
+        guard.check_code(self, run_dir, redo=redo or force, resume_anyway=resume_anyway, overwrite=overwrite)
         run_dir.save_job(self)
         return run_dir
 
