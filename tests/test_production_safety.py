@@ -73,6 +73,8 @@ def test_a_changed_process_is_detected_and_asks_for_redo_or_resume_anyway(data):
     assert f"job file {job} changed" in changed.stderr
     assert "--redo" in changed.stderr and "--resume-anyway" in changed.stderr
     assert _texts(tmp_path / "out") == {b"v1"}
+    planned = cli("plan", *args[1:-2])
+    assert planned.returncode == 0 and "(2 of 2 tasks done) made by OTHER code" in planned.stdout
 
     kept = cli(*args, "--resume-anyway")
     assert kept.returncode == 0, kept.stderr

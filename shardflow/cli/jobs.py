@@ -181,6 +181,7 @@ def plan_command(jobfile: str, inputs: str | None, outputs: str | None, settings
     Also says what the run directory already holds: the same plan (and how far it got), a
     different plan (a run would be refused without --force), or nothing yet.
     """
+    from shardflow.run.fingerprint import code_fingerprint
     from shardflow.run.jobfile import job_from_file, load_job_file, parse_overrides
     from shardflow.run.rundir import plan_fingerprint
 
@@ -195,10 +196,13 @@ def plan_command(jobfile: str, inputs: str | None, outputs: str | None, settings
         state = "empty"
         done: set[int] = set()
         if rundir.exists("plan.json"):
-            same = rundir.read_json("plan.json").get("fingerprint") == plan_fingerprint(task_json, job.settings())
+            held = rundir.read_json("plan.json")
+            same = held.get("fingerprint") == plan_fingerprint(task_json, job.settings())
             state = "same" if same else "different"
             if same:
                 done = rundir.done_ids()
+                code = held.get("code") or {}
+                state = "same" if code.get("fingerprint") in (None, code_fingerprint(job)["fingerprint"]) else "code"
     if as_json:
         click.echo(json.dumps({
             "job": job.describe(), "job_file": str(loaded.path), "params": loaded.params, "run_dir": job.run_dir,
@@ -214,6 +218,9 @@ def plan_command(jobfile: str, inputs: str | None, outputs: str | None, settings
     click.echo(f"{len(tasks)} tasks over {ninputs} input shards; run directory {job.run_dir}")
     if state == "same":
         click.echo(f"the run directory holds this plan: {len(done)} of {len(tasks)} tasks done")
+    elif state == "code":
+        click.echo(f"the run directory holds this plan ({len(done)} of {len(tasks)} tasks done) made by OTHER code: "
+                   "`shardflow run` asks for --redo (every task again) or --resume-anyway (keep those done)")
     elif state == "different":
         click.echo("the run directory holds a DIFFERENT plan: `shardflow run` refuses it unless given --force "
                    "(which discards that progress), or use another --run-dir")
