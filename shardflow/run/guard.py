@@ -143,16 +143,20 @@ def check_code(job: Any, run_dir: RunDir, *, redo: bool = False, resume_anyway: 
 
 
 def default_run_dir(job: Any, head: str) -> str:
-    """`head/_shardflow` when free or holding this job's plan, else `head/_shardflow-<job>-<hash>`."""
+    """`head/_shardflow` when free or holding this job's plan, else `head/_shardflow-<job>-<hash>`.
+
+    Storage that cannot be looked at here (no credentials where only the cluster writes the bucket:
+    `k8s --no-prepare`) gives `_shardflow`, the name every earlier release used.
+    """
     own = join(head, default_run_dir_name(job))
     shared = join(head, "_shardflow")
-    if RunDir(own, job.options_for(own)).exists("plan.json"):
-        return own
-    rundir = RunDir(shared, job.options_for(shared))
-    if not rundir.exists("plan.json"):
-        return shared
     try:
+        if RunDir(own, job.options_for(own)).exists("plan.json"):
+            return own
+        rundir = RunDir(shared, job.options_for(shared))
+        if not rundir.exists("plan.json"):
+            return shared
         name = rundir.read_json("plan.json").get("job", {}).get("name")
-    except (OSError, ValueError):
-        return own
+    except Exception:  # noqa: BLE001 - unreachable or unreadable: the classic name, decided without looking
+        return shared
     return shared if name == job.name else own

@@ -48,6 +48,7 @@ def trial_job(job: Any, limit: int, tasks: int | None = None) -> Any:
              join(folder, _base(t.output_parts) if unique else f"{t.id:06d}-{_base(t.output_parts)}"))
         for t in chosen
     ]
+    trial.inputs = [u for t in chosen for u in t.inputs]  # a prefix of the plan: plan() gives these tasks again
     trial.outputs = [t.output for t in trial._tasks]
     trial.limit = limit
     trial.bind_run_dir(RunDir(join(scratch_folder(job), "run"), job.options_for(scratch_folder(job))))
