@@ -137,3 +137,15 @@ def test_two_jobs_writing_into_one_folder_keep_their_own_run_directories(data):
     assert "(job first): complete" in status.stdout and "2 done" in status.stdout
     rerun = cli("run", second, "-i", inputs, "-o", out / "second-{name}.tar", "-b", "serial")
     assert rerun.returncode == 0 and "(2 already done before)" in rerun.stdout
+
+
+def test_rollover_parts_of_an_earlier_run_are_its_own(data):
+    tmp_path, inputs = data
+    job = write_job(tmp_path, JOB)
+    args = ["run", job, "-i", inputs, "-o", tmp_path / "out" / "{name}.tar", "-b", "serial", "--set", "maxcount=1"]
+    assert cli(*args).returncode == 0
+    assert "in-000000_002.tar" in [p.name for p in tars(tmp_path / "out")]
+    (tmp_path / "out" / "_shardflow" / "done" / "000001.json").unlink()  # task 1 redone over its own parts
+    again = cli(*args)
+    assert again.returncode == 0, again.stderr
+    assert "2/2 tasks done (1 already done before)" in again.stdout

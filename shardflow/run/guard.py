@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import string
@@ -32,21 +33,34 @@ MAX_DIRS_LISTED = 64  # output directories looked into (a pattern with {task} in
 
 def _canonical(url: str) -> str:
     """One spelling per location: local paths resolved (symlinks, `..`, file://), remote URLs as given."""
+    head, _, base = url.rpartition("/")
     if is_local(url):
-        return "file://" + os.path.realpath(os.path.expanduser(local_path(url)))
+        return _local_folder(head if "/" in url else ".") + "/" + base
     proto, _, rest = url.partition("://")
     return f"{proto}://{rest.lstrip('/')}"
 
 
-def _parts_key(output_parts: str) -> tuple[str, re.Pattern[str]]:
+@functools.lru_cache(maxsize=4096)
+def _local_folder(path: str) -> str:
+    """A local folder resolved once (a plan of 100,000 tasks has a few folders, not 100,000)."""
+    return "file://" + os.path.realpath(os.path.expanduser(local_path(path or "/")))
+
+
+def _parts_key(output_parts: str) -> tuple[str, str]:
     """A task's rollover part format string (`d/x_{part:03d}.tar`) as (the canonical URL up to its first
-    field, a regex matching the canonical URLs of its parts)."""
+    field, the canonical format string), compiled to a regex only when a shard needs checking."""
     head, _, base = output_parts.rpartition("/")
-    directory = _canonical(head.replace("{{", "{").replace("}}", "}") or ".") + "/"
-    fields = list(string.Formatter().parse(base))
-    regex = re.escape(directory) + "".join(re.escape(lit) + (r"\d+" if field is not None else "")
-                                           for lit, field, _, _ in fields)
-    return directory + (fields[0][0] if fields else ""), re.compile(regex)
+    directory = _canonical(head.replace("{{", "{").replace("}}", "}") + "/x")[:-1]
+    literal = next(iter(string.Formatter().parse(base)), ("", None, None, None))[0]
+    return directory + literal, directory + base
+
+
+@functools.lru_cache(maxsize=1024)
+def _parts_regex(canonical_parts: str) -> re.Pattern[str]:
+    head, _, base = canonical_parts.rpartition("/")
+    regex = "".join(re.escape(lit) + (r"\d+" if field is not None else "")
+                    for lit, field, _, _ in string.Formatter().parse(base))
+    return re.compile(re.escape(head + "/") + regex)
 
 
 def check_not_in_place(tasks: list[Task]) -> None:
@@ -60,20 +74,20 @@ def check_not_in_place(tasks: list[Task]) -> None:
                                "would destroy its inputs; write the outputs somewhere else")
 
 
-def _planned(tasks: Iterable[Task]) -> tuple[set[str], dict[str, list[re.Pattern[str]]]]:
+def _planned(tasks: Iterable[Task]) -> tuple[set[str], dict[str, list[str]]]:
     names: set[str] = set()
-    patterns: dict[str, list[re.Pattern[str]]] = {}
+    patterns: dict[str, list[str]] = {}
     for task in tasks:
         names.add(_canonical(task.output))
-        prefix, regex = _parts_key(task.output_parts)
-        patterns.setdefault(prefix, []).append(regex)
+        prefix, parts = _parts_key(task.output_parts)
+        patterns.setdefault(prefix, []).append(parts)
     return names, patterns
 
 
-def _ours(url: str, names: set[str], patterns: dict[str, list[re.Pattern[str]]]) -> bool:
+def _ours(url: str, names: set[str], patterns: dict[str, list[str]]) -> bool:
     if url in names:
         return True
-    return any(p.fullmatch(url) for end in range(len(url), 0, -1) for p in patterns.get(url[:end], ()))
+    return any(_parts_regex(p).fullmatch(url) for end in range(len(url), 0, -1) for p in patterns.get(url[:end], ()))
 
 
 def _existing_shards(directory: str, options: dict[str, Any] | None) -> list[str]:
