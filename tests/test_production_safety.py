@@ -149,3 +149,22 @@ def test_rollover_parts_of_an_earlier_run_are_its_own(data):
     again = cli(*args)
     assert again.returncode == 0, again.stderr
     assert "2/2 tasks done (1 already done before)" in again.stdout
+
+
+def test_guards_on_an_object_store(data, s3_server, s3_bucket):
+    tmp_path, inputs = data
+    options = s3_server.storage_options
+    from shardflow.shards.writer import TarWriter
+
+    with TarWriter(f"{s3_bucket}/out/foreign-000000.tar", storage_options=options) as writer:
+        writer.write({"__key__": "x", "txt": b"not ours"})
+    out = f"{s3_bucket}/out/{{name}}.tar"
+    job = sf.ShardJob(_upper, inputs, out, name="case", storage_options=options)
+    with pytest.raises(JobError, match="holds shards this job did not write .*foreign-000000.tar"):
+        job.run("serial", progress=False)
+    assert job.run("serial", progress=False, overwrite=True).ok
+    assert sf.ShardJob(_upper, inputs, out, name="case", storage_options=options).run("serial", progress=False).ok
+    in_place = sf.ShardJob(_upper, f"{s3_bucket}/out/foreign-000000.tar", f"{s3_bucket}/out/foreign-000000.tar",
+                           storage_options=options)
+    with pytest.raises(JobError, match="would destroy its inputs"):
+        in_place.run("serial", progress=False)
