@@ -257,8 +257,8 @@ def test_storage_options_with_s3(s3_server, s3_bucket, shards):
     fs = s3_server.filesystem()
     for info in infos:
         fs.put_file(info.url, f"{s3_bucket}/cli/{os.path.basename(info.url)}")
-    opts = ["-o", f"key={s3_server.key}", "-o", f"secret={s3_server.secret}",
-            "-o", f"client_kwargs.endpoint_url={s3_server.endpoint_url}"]
+    opts = ["-S", f"key={s3_server.key}", "-S", f"secret={s3_server.secret}",
+            "-S", f"client_kwargs.endpoint_url={s3_server.endpoint_url}"]
     clean_env = {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "AWS_ENDPOINT_URL": ""}
     listed = cli("ls", f"{s3_bucket}/cli/d-000.tar", *opts, env=clean_env)
     assert listed.returncode == 0, listed.stderr
@@ -269,8 +269,8 @@ def test_storage_options_with_s3(s3_server, s3_bucket, shards):
     cat = cli("cat", f"{s3_bucket}/cli/d-002.tar", "-k", "img/00009", "-e", "jpg", *opts, env=clean_env)
     assert cat.stdout == samples[9]["jpg"]
     # a wrong secret: one line, and the secret it was given is not printed
-    wrong = ["-o", f"key={s3_server.key}", "-o", "secret=WRONG-secret-value-123",
-             "-o", f"client_kwargs.endpoint_url={s3_server.endpoint_url}"]
+    wrong = ["-S", f"key={s3_server.key}", "-S", "secret=WRONG-secret-value-123",
+             "-S", f"client_kwargs.endpoint_url={s3_server.endpoint_url}"]
     denied = cli("ls", f"{s3_bucket}/cli/d-000.tar", *wrong, env=clean_env)
     assert denied.returncode == 1
     line = one_line_error(denied.stderr)

@@ -162,8 +162,8 @@ def test_secrets_never_inline(jobfile):
     path, args = jobfile
     result = CliRunner().invoke(main, [
         "k8s", str(path), *args, "--image", "img:1", "--secret", "s3-creds", "--no-prepare",
-        "-o", "key=AKIAEXAMPLEKEY", "-o", "secret=hunter2hunter2", "-o", "client_kwargs.endpoint_url=http://minio:9000",
-        "-o", "token=${GCS_TOKEN}", "-o", "anon=false"], env={"GCS_TOKEN": "ya29.tokentokentoken"})
+        "-S", "key=AKIAEXAMPLEKEY", "-S", "secret=hunter2hunter2", "-S", "client_kwargs.endpoint_url=http://minio:9000",
+        "-S", "token=${GCS_TOKEN}", "-S", "anon=false"], env={"GCS_TOKEN": "ya29.tokentokentoken"})
     assert result.exit_code == 0, result.output
     assert "ya29" not in result.stdout  # the reference is written, never its value
     assert "AKIAEXAMPLEKEY" not in result.stdout and "hunter2hunter2" not in result.stdout
@@ -189,6 +189,6 @@ def test_python_api_gives_the_same_yaml(jobfile, tmp_path):
 def test_unset_variable_is_a_one_line_error(jobfile, monkeypatch):
     path, args = jobfile
     monkeypatch.delenv("SF_UNSET_VARIABLE", raising=False)
-    result = CliRunner().invoke(main, ["k8s", str(path), *args, "--image", "i", "-o", "token=${SF_UNSET_VARIABLE}"])
+    result = CliRunner().invoke(main, ["k8s", str(path), *args, "--image", "i", "-S", "token=${SF_UNSET_VARIABLE}"])
     assert result.exit_code == 1 and "SF_UNSET_VARIABLE" in result.output
     assert "Traceback" not in result.output

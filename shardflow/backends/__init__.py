@@ -7,14 +7,16 @@ same way for all of them: the plan, skipping finished tasks, the progress bar, t
 
 from __future__ import annotations
 
+import copy
 import importlib
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from shardflow.errors import RAISE, FailureKind, JobError
-from shardflow.run.progress import Progress
+from shardflow.run.progress import DEFAULT_HEARTBEAT_S, Progress, json_reader, known_total
 from shardflow.run.report import RunReport, build_report
 from shardflow.run.task import Task, TaskResult
+from shardflow.run.trial import prepare_trial
 
 if TYPE_CHECKING:
     from shardflow.run.job import ShardJob
@@ -37,19 +39,29 @@ def get_backend(name: str) -> Execute:
 
 
 def run_job(job: "ShardJob", backend: str = "processes", *, force: bool = False,
-            progress: bool | None = None, **options: Any) -> RunReport:
+            progress: bool | None = None, redo: bool = False, resume_anyway: bool = False,
+            overwrite: bool = False, limit: int | None = None, limit_tasks: int | None = None,
+            debug: bool = False, heartbeat: float | None = DEFAULT_HEARTBEAT_S, **options: Any) -> RunReport:
     """Plan (once), run the pending tasks on `backend`, and return the merged report.
 
     Ctrl-C stops the workers; shards in progress are discarded and the report says `interrupted`,
-    so a rerun picks up where this one stopped.
+    so a rerun picks up where this one stopped. `redo`/`resume_anyway`/`overwrite`: see run.guard;
+    `limit`: a trial on the first samples of each task, in a scratch run (run.trial); `debug`: serial,
+    the first failure raises its own exception; `heartbeat`: seconds between progress lines off a terminal.
     """
     execute = get_backend(backend)
     started = time.perf_counter()
-    run_dir = job.prepare(force=force)
+    if debug:
+        job = _debug_job(job, backend)
+    if limit is not None:
+        job, run_dir = prepare_trial(job, limit, limit_tasks)
+    else:
+        run_dir = job.prepare(force=force, redo=redo, resume_anyway=resume_anyway, overwrite=overwrite)
     tasks = job.plan()
     done = run_dir.done_ids()
     pending: list[Task] = [t for t in tasks if t.id not in done]
-    bar = Progress(len(tasks), len(tasks) - len(pending), enabled=progress)
+    total = known_total(pending, json_reader(job.options_for)) if progress is not False and pending else None
+    bar = Progress(len(tasks), len(tasks) - len(pending), enabled=progress, total_samples=total, heartbeat=heartbeat)
     results: dict[int, TaskResult] = {}
     interrupted = False
     stream = execute(job, pending, bar, **options)
@@ -66,3 +78,12 @@ def run_job(job: "ShardJob", backend: str = "processes", *, force: bool = False,
         bar.close()
     skipped = len(tasks) - len(pending) + sum(r.status == "skipped" for r in results.values())
     return build_report(run_dir, [t.id for t in tasks], results, started, skipped=skipped, interrupted=interrupted)
+
+
+def _debug_job(job: "ShardJob", backend: str) -> "ShardJob":
+    """A copy of the job whose first failure raises the original exception (run_task catches nothing)."""
+    if backend != "serial":
+        raise JobError("debug=True runs in this process: use the 'serial' backend")
+    debug_job = copy.copy(job)
+    debug_job.debug = True
+    return debug_job

@@ -127,6 +127,8 @@ def _report_samples(count: int) -> None:
 def _run_in_worker(task: Task) -> TaskResult:
     global _worker_busy
     assert _worker_job is not None
+    if _worker_stopping:  # interrupted: tasks already queued to this worker end at once, unstarted
+        return TaskResult.failed(task.id, "interrupted before it started", FailureKind.IO)
     _worker_busy = True
     try:
         return run_task(task, _worker_job, progress=_report_samples)
@@ -135,15 +137,18 @@ def _run_in_worker(task: Task) -> TaskResult:
 
 
 _worker_busy = False
+_worker_stopping = False
 
 
 def _interrupt_task(signum: int, frame: Any) -> None:
-    """SIGINT in a worker stops the task it runs (its shard in progress is discarded), once.
+    """SIGINT in a worker stops the task it runs (its shard in progress is discarded), once, and every
+    task queued to it after that ends unstarted: the first Ctrl-C starts nothing new.
 
     Ctrl-C in a terminal reaches the driver and every worker, and the driver then signals the workers
     again: later signals, and signals while idle, are ignored; the pool's shutdown ends the worker.
     """
-    global _worker_busy
+    global _worker_busy, _worker_stopping
+    _worker_stopping = True
     if _worker_busy:
         _worker_busy = False
         raise KeyboardInterrupt

@@ -11,6 +11,7 @@ COMMAND_MODULES = (
     "shardflow.cli.inspect",  # ls, cat, stats
     "shardflow.cli.jobs",  # run, plan, status, demo
     "shardflow.cli.cluster",  # worker, k8s, argo
+    "shardflow.cli.trying",  # preview
 )
 
 

@@ -3,6 +3,9 @@
 A failure a user can expect (a bad spec, an unreachable bucket, a refused plan) is one line on stderr,
 `shardflow: error: ...`, with credentials scrubbed, never a traceback. Exit codes: 0 success, 1 the
 work finished with failures (or an inspection failed), 2 a job could not start, 130 interrupted.
+
+Flags mean the same in every command: `-i/--inputs`, `-o/--outputs` (or `-o/--output`: what the
+command writes), `-S/--storage-option KEY=VALUE`, `-w/--workers`, `-b/--backend`.
 """
 
 from __future__ import annotations
@@ -81,8 +84,12 @@ def _quiet_stdout() -> None:
 
 
 def storage_option_flag(*, short: bool = True, help: str = STORAGE_OPTION_HELP) -> Callable[[Any], Any]:
-    """The `--storage-option KEY=VALUE` option (and `-o` where the command has no other use for it)."""
-    names = ("--storage-option", "-o") if short else ("--storage-option",)
+    """The `--storage-option KEY=VALUE` option, `-S` for short: the one spelling of every command.
+
+    `-o` means the output (`-o/--outputs`, `-o/--output`) in every command that writes one, never a
+    storage option.
+    """
+    names = ("--storage-option", "-S") if short else ("--storage-option",)
     return click.option(*names, "storage_option", multiple=True, metavar="KEY=VALUE", help=help)
 
 

@@ -27,6 +27,7 @@ from shardflow.cli.common import (
     parse_storage_options,
     storage_option_flag,
 )
+from shardflow.cli.trying import flag_values, run_flags, watch_status
 from shardflow.errors import ShardflowError
 from shardflow.storage import options as so
 
@@ -50,14 +51,14 @@ def _job_options(fn: Any) -> Any:
     """The options every command that loads a job file shares."""
     options = [
         click.option("--inputs", "-i", metavar="SPEC", help="input shards: brace pattern, glob or URL"),
-        click.option("--outputs", metavar="SPEC",
+        click.option("--outputs", "-o", metavar="SPEC",
                      help="output shards: one per task (same count as the tasks), or a pattern with "
                      "{task}, {name} (input shard name) and {part} (rollover part)"),
         click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
                      help="override a ShardJob option (maxcount, decode, on_error, seed, ...) or a PARAMS "
                      "key of the job file (repeatable; values are JSON when they parse as JSON)"),
         click.option("--run-dir", metavar="URL", help="run directory (default: _shardflow beside the outputs)"),
-        storage_option_flag(short=False),
+        storage_option_flag(),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -92,9 +93,10 @@ def _backend_names() -> list[str]:
 @click.option("--force", is_flag=True, help="discard the run directory's progress if it holds a different plan")
 @click.option("--progress/--no-progress", default=None, help="progress bar on stderr (default: when a terminal)")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON instead of text")
+@run_flags
 def run_command(jobfile: str, inputs: str | None, outputs: str | None, settings: tuple[str, ...],
                 run_dir: str | None, storage_option: tuple[str, ...], backend: str, workers: int | None,
-                address: str | None, force: bool, progress: bool | None, as_json: bool) -> None:
+                address: str | None, force: bool, progress: bool | None, as_json: bool, **flags: Any) -> None:
     """Run a job file over input shards into output shards, resuming where an earlier run stopped.
 
     JOBFILE is a job file (jobs/augment.py) or the name of a built-in job (augment, resize, filter,
@@ -108,6 +110,9 @@ def run_command(jobfile: str, inputs: str | None, outputs: str | None, settings:
     130 interrupted (rerun the same command to resume).
     """
     options = parse_storage_options(storage_option)
+    run_options = flag_values(flags)
+    if run_options.get("debug"):
+        backend, progress = "serial", False
     if address is not None and backend != "dask":
         raise click.BadParameter("--address is for --backend dask", param_hint="--address")
     backend_options: dict[str, Any] = {}
@@ -119,9 +124,16 @@ def run_command(jobfile: str, inputs: str | None, outputs: str | None, settings:
     try:
         with _errors(options):
             job = _load(jobfile, inputs, outputs, settings, run_dir, options)
-            report = job.run(backend, force=force, progress=progress, **backend_options)
+            if not run_options.get("debug"):
+                report = job.run(backend, force=force, progress=progress, **run_options, **backend_options)
+        if run_options.get("debug"):  # outside the one-line errors: the user's traceback, pdb-friendly
+            job.on_error = "raise"
+            report = job.run(backend, force=force, progress=progress, **run_options)
     finally:
         signal.signal(signal.SIGTERM, previous)
+    if run_options.get("limit"):
+        click.echo(f"shardflow: a trial on {run_options['limit']} samples per task; its outputs and run directory "
+                   f"are in {report.run_dir.rpartition('/')[0]}, not in the real run", err=True)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=1, sort_keys=True))
     else:
@@ -169,6 +181,7 @@ def plan_command(jobfile: str, inputs: str | None, outputs: str | None, settings
     Also says what the run directory already holds: the same plan (and how far it got), a
     different plan (a run would be refused without --force), or nothing yet.
     """
+    from shardflow.run.fingerprint import code_fingerprint
     from shardflow.run.jobfile import job_from_file, load_job_file, parse_overrides
     from shardflow.run.rundir import plan_fingerprint
 
@@ -183,10 +196,13 @@ def plan_command(jobfile: str, inputs: str | None, outputs: str | None, settings
         state = "empty"
         done: set[int] = set()
         if rundir.exists("plan.json"):
-            same = rundir.read_json("plan.json").get("fingerprint") == plan_fingerprint(task_json, job.settings())
+            held = rundir.read_json("plan.json")
+            same = held.get("fingerprint") == plan_fingerprint(task_json, job.settings())
             state = "same" if same else "different"
             if same:
                 done = rundir.done_ids()
+                code = held.get("code") or {}
+                state = "same" if code.get("fingerprint") in (None, code_fingerprint(job)["fingerprint"]) else "code"
     if as_json:
         click.echo(json.dumps({
             "job": job.describe(), "job_file": str(loaded.path), "params": loaded.params, "run_dir": job.run_dir,
@@ -202,6 +218,9 @@ def plan_command(jobfile: str, inputs: str | None, outputs: str | None, settings
     click.echo(f"{len(tasks)} tasks over {ninputs} input shards; run directory {job.run_dir}")
     if state == "same":
         click.echo(f"the run directory holds this plan: {len(done)} of {len(tasks)} tasks done")
+    elif state == "code":
+        click.echo(f"the run directory holds this plan ({len(done)} of {len(tasks)} tasks done) made by OTHER code: "
+                   "`shardflow run` asks for --redo (every task again) or --resume-anyway (keep those done)")
     elif state == "different":
         click.echo("the run directory holds a DIFFERENT plan: `shardflow run` refuses it unless given --force "
                    "(which discards that progress), or use another --run-dir")
@@ -225,8 +244,11 @@ def plan_command(jobfile: str, inputs: str | None, outputs: str | None, settings
 @click.option("--errors", "nerrors", type=click.IntRange(min=0), default=5, show_default=True,
               help="dropped samples and failed tasks to show")
 @click.option("--json", "as_json", is_flag=True, help="print the status as JSON")
-@storage_option_flag(short=False, help="fsspec storage option for the run directory (repeatable)")
-def status_command(run_dir: str, nerrors: int, as_json: bool, storage_option: tuple[str, ...]) -> None:
+@storage_option_flag(help="fsspec storage option for the run directory (repeatable)")
+@click.option("--watch", is_flag=True, help="redraw every --interval seconds until the run is complete (Ctrl-C ends)")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True, help="seconds (--watch)")
+def status_command(run_dir: str, nerrors: int, as_json: bool, storage_option: tuple[str, ...], watch: bool,
+                   interval: float) -> None:
     """How far a run got, from its run directory alone (the outputs are not read).
 
     Tasks done / failed / pending, samples in and out, the sample errors by type and the last
@@ -235,8 +257,12 @@ def status_command(run_dir: str, nerrors: int, as_json: bool, storage_option: tu
     from shardflow.run.status import read_status
 
     options = parse_storage_options(storage_option)
+    run_options = so.options_for(run_dir, options) if options else None
+    if watch:
+        with _errors(options):
+            raise SystemExit(watch_status(lambda: read_status(run_dir, run_options, examples=nerrors), interval))
     with _errors(options):
-        status = read_status(run_dir, so.options_for(run_dir, options) if options else None, examples=nerrors)
+        status = read_status(run_dir, run_options, examples=nerrors)
     if as_json:
         click.echo(json.dumps(status.to_json(), indent=1, sort_keys=True))
     else:

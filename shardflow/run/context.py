@@ -37,6 +37,8 @@ class TaskContext:
     retry_backoff: float
     allow_pipe: bool
     storage_options: dict[str, Any] | None
+    debug: bool = False  # the first failure raises its original exception (serial runs under pdb)
+    limit: int | None = None  # input samples per task (a trial run: run.trial)
 
     def options_for(self, url: str) -> dict[str, Any]:
         """storage_options for `url`: flat, per-prefix (longest prefix wins), `${VAR}` resolved."""

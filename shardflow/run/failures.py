@@ -10,10 +10,12 @@ from __future__ import annotations
 import hashlib
 import sys
 import traceback
+from collections import Counter
 from typing import Any
 
 from shardflow.errors import RAISE, WARN, FailureKind, ShardflowError
 from shardflow.run.stats import Stats
+from shardflow.run.tracebacks import TRACES_PER_DIGEST, format_trace
 
 
 class TaskFailed(Exception):
@@ -27,15 +29,20 @@ class TaskFailed(Exception):
 class SampleFailures:
     """The lost samples of one task: counted in `stats`, listed in `errors`, judged by the policy."""
 
-    def __init__(self, task_id: int, stats: Stats, on_error: str, max_failure_rate: float) -> None:
+    def __init__(self, task_id: int, stats: Stats, on_error: str, max_failure_rate: float, *,
+                 debug: bool = False) -> None:
         self.task_id = task_id
         self.stats = stats
         self.on_error = on_error
         self.max_failure_rate = max_failure_rate
+        self.debug = debug  # --debug: the first failure raises the original exception, traceback intact
         self.errors: list[dict[str, Any]] = []
+        self.traces: Counter = Counter()  # digest -> full tracebacks kept so far
 
     def record(self, error: BaseException, url: str, key: str | None, where: str) -> None:
         """Log a failed sample; raise instead when the policy says to stop."""
+        if self.debug:
+            raise error
         self.stats.failed += 1
         self.stats.fail_reasons[type(error).__name__] += 1
         self.note(error, url, key, where)
@@ -53,10 +60,12 @@ class SampleFailures:
         reason = error.reason if isinstance(error, ShardflowError) else f"{type(error).__name__}: {error}"
         frames = traceback.extract_tb(error.__traceback__)
         digest = hashlib.sha1("|".join(f"{f.filename}:{f.lineno}:{f.name}" for f in frames).encode()).hexdigest()[:12]
-        self.errors.append({
-            "task": self.task_id, "shard": url, "key": key, "stage": where, "type": type(error).__name__,
-            "reason": reason, "traceback": digest,
-        })
+        record = {"task": self.task_id, "shard": url, "key": key, "stage": where, "type": type(error).__name__,
+                  "reason": reason, "traceback": digest}
+        if self.traces[digest] < TRACES_PER_DIGEST:  # the full text of the first few of each distinct error
+            self.traces[digest] += 1
+            record["trace"] = format_trace(error)
+        self.errors.append(record)
 
     def check_rate(self, final: bool = False) -> None:
         """Fail the task when too many samples failed: while streaming once 10 have failed and they are

@@ -10,12 +10,12 @@ import json
 from typing import Any, Callable, Sequence
 
 from shardflow.errors import DEFAULT_ON_ERROR_JOB, JobError, check_on_error
+from shardflow.run import guard
 from shardflow.run.context import TaskContext
 from shardflow.run.naming import output_names
 from shardflow.run.rundir import RunDir
 from shardflow.run.task import Task
 from shardflow.storage import options as so
-from shardflow.storage.paths import join
 from shardflow.storage.specs import expand
 
 UNLIMITED = 1 << 62
@@ -96,11 +96,11 @@ class ShardJob:
 
     @property
     def run_dir(self) -> str:
-        """The run directory URL (default: `_shardflow` beside the first output shard)."""
+        """The run directory URL (default: `_shardflow` beside the first output shard, or
+        `_shardflow-<job>-<hash>` there when `_shardflow` holds another job's plan: run.guard)."""
         if self._run_dir_url is None:
             first = self.plan()[0].output
-            head = first.rpartition("/")[0] or "."
-            self._run_dir_url = join(head, "_shardflow")
+            self._run_dir_url = guard.default_run_dir(self, first.rpartition("/")[0] or ".")
         return self._run_dir_url
 
     def rundir(self) -> RunDir:
@@ -121,6 +121,7 @@ class ShardJob:
             encoder=self.make_encoder(), on_error=self.on_error, seed=self.seed, maxcount=self.maxcount,
             maxsize=self.maxsize, max_failure_rate=self.max_failure_rate, io_retries=self.io_retries,
             retry_backoff=self.retry_backoff, allow_pipe=self.allow_pipe, storage_options=self.storage_options,
+            debug=getattr(self, "debug", False), limit=getattr(self, "limit", None),
         )
 
     # -- the plan ------------------------------------------------------------------------------
@@ -174,14 +175,25 @@ class ShardJob:
         return self._encoder
 
     # -- running -------------------------------------------------------------------------------
-    def prepare(self, *, force: bool = False) -> RunDir:
-        """Write the plan and the pickled job to the run directory (once); returns it."""
+    def prepare(self, *, force: bool = False, redo: bool = False, resume_anyway: bool = False,
+                overwrite: bool = False) -> RunDir:
+        """Write the plan and the pickled job to the run directory (once); returns it.
+
+        Refuses outputs in place, output folders holding shards this job did not write (unless
+        `overwrite`) and a run directory planned with other code (unless `redo` or `resume_anyway`):
+        see run.guard.
+        """
         self.make_decoder()
         self.make_encoder()
         run_dir = self.rundir()
         run_dir.remove_stale_temps()  # a driver killed mid-write of a marker leaves one behind
+        guard.check_not_in_place(self.plan())
+        if not overwrite:
+            guard.check_foreign_shards(self, self.plan(), run_dir)
+        code = guard.code_fingerprint(self)
         run_dir.init_plan({"job": self.describe(), "tasks": [t.to_json() for t in self.plan()],
-                           "settings": self.settings()}, force=force)
+                           "settings": self.settings(), "code": code}, force=force)
+        guard.check_code(self, run_dir, redo=redo or force, resume_anyway=resume_anyway, overwrite=overwrite)
         run_dir.save_job(self)
         return run_dir
 

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardflow.run.rundir import RunDir
+from shardflow.run.rundir import RunDir, task_name
 from shardflow.run.stats import Stats
 from shardflow.run.task import TaskResult
+from shardflow.run.tracebacks import TraceCollector, describe_traces, printable
+
+_TRACE_LOGS_READ = 20  # error logs read for the report's tracebacks (status reads them all)
 
 
 @dataclass
@@ -25,6 +29,7 @@ class RunReport:
     seconds: float = 0.0
     processed: int = 0  # input samples processed by this run (not by earlier ones)
     interrupted: bool = False
+    tracebacks: list[dict[str, Any]] = field(default_factory=list)  # first of each distinct sample error
 
     @property
     def ok(self) -> bool:
@@ -35,7 +40,7 @@ class RunReport:
             "run_dir": self.run_dir, "tasks": self.tasks, "done": self.done, "skipped": self.skipped,
             "failed": {str(k): v for k, v in sorted(self.failed.items())}, "stats": self.stats.to_json(),
             "shards": self.shards, "seconds": round(self.seconds, 3), "processed": self.processed,
-            "interrupted": self.interrupted,
+            "interrupted": self.interrupted, "tracebacks": self.tracebacks,
             "ok": self.ok,
         }
 
@@ -58,7 +63,8 @@ class RunReport:
             lines.append(f"FAILED task {task_id} [{failure.get('kind')}]: {failure.get('error')}")
         if len(self.failed) > 10:
             lines.append(f"... and {len(self.failed) - 10} more failed tasks (shardflow status {self.run_dir})")
-        return "\n".join(lines)
+        lines.extend(describe_traces(self.tracebacks))
+        return printable("\n".join(lines))
 
 
 def build_report(run_dir: RunDir, task_ids: list[int], results: dict[int, TaskResult], started: float,
@@ -83,6 +89,20 @@ def build_report(run_dir: RunDir, task_ids: list[int], results: dict[int, TaskRe
         report.done += 1
         report.stats.merge(stats)
         report.shards.extend(outputs)
+    report.tracebacks = _this_run_traces(run_dir, results)
     report.seconds = time.perf_counter() - started
     run_dir.write_json("summary.json", report.to_json())
     return report
+
+
+def _this_run_traces(run_dir: RunDir, results: dict[int, TaskResult]) -> list[dict[str, Any]]:
+    """The first traceback of each distinct sample error of the tasks this run finished or failed."""
+    ids = [t for t, r in sorted(results.items()) if r.stats.failed or r.status == "failed"][:_TRACE_LOGS_READ]
+    collector = TraceCollector()
+    for task_id in ids:
+        try:
+            raw = run_dir.read_bytes(f"errors/{task_name(task_id)}.jsonl").decode()
+        except FileNotFoundError:
+            continue
+        collector.add_all(json.loads(line) for line in raw.splitlines() if line.strip())
+    return collector.distinct()

@@ -40,6 +40,9 @@ def run_task(task: Task, job: Any, *, progress: Progress | None = None) -> TaskR
     if run_dir.is_done(task.id):
         record = run_dir.read_done(task.id)
         return TaskResult(task.id, "skipped", Stats.from_json(record["stats"]), record["outputs"])
+    if context.debug:  # no retries, nothing caught: the user's exception reaches the caller (and pdb)
+        with job_seed(context.seed):
+            return _attempt(task, context, progress)
     attempt = 0
     while True:
         attempt += 1
@@ -67,7 +70,7 @@ def _attempt(task: Task, context: TaskContext, progress: Progress | None) -> Tas
     """One try at the task: stream it, then write its error log and, LAST, its completion marker."""
     started = time.perf_counter()
     stats = Stats()
-    failures = SampleFailures(task.id, stats, context.on_error, context.max_failure_rate)
+    failures = SampleFailures(task.id, stats, context.on_error, context.max_failure_rate, debug=context.debug)
     try:
         infos = _stream_task(task, context, SampleProcessor(context, stats, failures), progress)
     except TaskFailed:
@@ -134,6 +137,8 @@ def _stream_input(url: str, context: TaskContext, processor: SampleProcessor, wr
 
     try:
         for sample in read_samples(counted, url, on_error=policy, report=report):
+            if context.limit is not None and stats.samples_in >= context.limit:
+                break  # a trial run (--limit): the task ends after its first samples
             stats.samples_in += 1
             for encoded in processor.process(sample):
                 writer.write(encoded)

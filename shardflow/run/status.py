@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from shardflow.run.rundir import RunDir, task_name
 from shardflow.run.stats import Stats
+from shardflow.run.tracebacks import TraceCollector, describe_traces, printable
 
 
 @dataclass
@@ -31,6 +32,8 @@ class RunStatus:
     error_kinds: list[tuple[str, int]]  # "stage TypeName" -> count, most common first
     error_examples: list[dict[str, Any]]  # the last dropped samples
     last_run: dict[str, Any] | None  # summary.json of the last run that ended (None: none ended)
+    tracebacks: list[dict[str, Any]] = field(default_factory=list)  # first record of each distinct error
+    distinct_errors: int = 0
 
     @property
     def complete(self) -> bool:
@@ -44,7 +47,7 @@ class RunStatus:
             "error_kinds": dict(self.error_kinds), "error_examples": self.error_examples,
             "last_run": None if self.last_run is None else {
                 k: self.last_run.get(k) for k in ("done", "tasks", "processed", "seconds", "interrupted", "ok")},
-            "complete": self.complete,
+            "complete": self.complete, "tracebacks": self.tracebacks,
         }
 
     def __str__(self) -> str:
@@ -78,7 +81,8 @@ class RunStatus:
             lines.append(f"last run ended: {lr.get('done')}/{lr.get('tasks')} tasks done, "
                          f"{lr.get('processed')} samples "
                          f"processed in {lr.get('seconds')} s{', interrupted' if lr.get('interrupted') else ''}")
-        return "\n".join(lines)
+        lines.extend(describe_traces(self.tracebacks, total=self.distinct_errors))
+        return printable("\n".join(lines))
 
 
 def read_status(url: str, storage_options: dict[str, Any] | None = None, *, examples: int = 5) -> RunStatus:
@@ -102,6 +106,7 @@ def read_status(url: str, storage_options: dict[str, Any] | None = None, *, exam
     error_names = [n for n in run_dir.list_names("errors") if n.endswith(".jsonl")]
     kinds: Counter = Counter()
     last: list[dict[str, Any]] = []
+    traces = TraceCollector()
     count = 0
     for raw in _read_many(run_dir, [f"errors/{n}" for n in error_names], parse=False):
         for line in () if raw is None else raw.splitlines():
@@ -109,6 +114,7 @@ def read_status(url: str, storage_options: dict[str, Any] | None = None, *, exam
                 continue
             error = json.loads(line)
             count += 1
+            traces.add(error)
             kinds[f"{error.get('stage')} {error.get('type')}"] += 1
             last.append(error)
             if len(last) > examples:
@@ -116,7 +122,8 @@ def read_status(url: str, storage_options: dict[str, Any] | None = None, *, exam
     last_run = run_dir.read_json("summary.json") if run_dir.exists("summary.json") else None
     pending = [t for t in task_ids if t not in done_ids and t not in failed_ids]
     return RunStatus(run_dir.url, plan.get("job", {}), len(task_ids), sorted(done_ids), failed, pending, stats,
-                     shards, count, kinds.most_common(), last if examples else [], last_run)
+                     shards, count, kinds.most_common(), last if examples else [], last_run,
+                     traces.distinct(), len(traces.counts))
 
 
 def _read_many(run_dir: RunDir, names: list[str], *, parse: bool = True) -> list[Any]:

@@ -1,0 +1,123 @@
+"""Seeing and trying: `shardflow preview`, the production flags of `shardflow run`, `status --watch`.
+
+- `run_flags`: the options `shardflow run` adds for production use: --debug, --limit/--limit-tasks,
+  --overwrite, --redo, --resume-anyway, --heartbeat (see run.guard, run.trial, run.progress).
+- `preview JOB --inputs SPEC -n 3`: process() on the first samples, in this process, printing what it
+  returns (keys, types, shapes, encoded sizes); `--sheet out.png` draws the images as a contact sheet.
+  Nothing is written but the sheet.
+- `watch_status`: what `shardflow status --watch` redraws.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Callable
+
+import click
+
+from shardflow.cli.common import EXIT_ERROR, EXIT_OK, one_line_errors, parse_storage_options, storage_option_flag
+from shardflow.run.progress import DEFAULT_HEARTBEAT_S
+
+
+def register(group: click.Group) -> None:
+    """Add `preview` to the `shardflow` command group."""
+    group.add_command(preview_command)
+
+
+def run_flags(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The production options of `shardflow run` (handed to ShardJob.run as keywords)."""
+    options = [
+        click.option("--debug", is_flag=True, help="run serially in this process with on_error=raise; the first "
+                     "failure raises its own exception with its traceback (post-mortem: python -m pdb -m "
+                     "shardflow run ... --debug)"),
+        click.option("--limit", type=click.IntRange(min=1), metavar="N", help="a trial: the first N samples of "
+                     "each task, written to a scratch run (_shardflow-limit-JOB beside the outputs), never to the "
+                     "real outputs or run directory"),
+        click.option("--limit-tasks", type=click.IntRange(min=1), metavar="K",
+                     help="with --limit: only the first K tasks (default: all)"),
+        click.option("--overwrite", is_flag=True, help="write even into an output folder holding shards this job "
+                     "did not write"),
+        click.option("--redo", is_flag=True, help="the job's code changed: run every task again into fresh outputs"),
+        click.option("--resume-anyway", is_flag=True, help="the job's code changed: keep the finished tasks and run "
+                     "the rest with the new code"),
+        click.option("--heartbeat", type=click.FloatRange(min=0), default=DEFAULT_HEARTBEAT_S, show_default=True,
+                     metavar="SECONDS", help="when stderr is not a terminal: a progress line this often (0: none)"),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def flag_values(flags: dict[str, Any]) -> dict[str, Any]:
+    """The run_flags values as ShardJob.run keywords (None and False left out)."""
+    if flags.get("limit_tasks") and not flags.get("limit"):
+        raise click.BadParameter("--limit-tasks needs --limit", param_hint="--limit-tasks")
+    if flags.get("redo") and flags.get("resume_anyway"):
+        raise click.BadParameter("--redo and --resume-anyway exclude each other", param_hint="--redo")
+    return {k: v for k, v in flags.items() if v not in (None, False)}
+
+
+# ------------------------------------------------------------------------------------------------
+# preview
+
+
+@click.command("preview")
+@click.argument("jobfile")
+@click.option("--inputs", "-i", metavar="SPEC", help="input shards (the first ones are read)")
+@click.option("-n", "count", type=click.IntRange(min=1), default=3, show_default=True, help="input samples to process")
+@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE", help="override a job option or PARAMS key")
+@click.option("--sheet", metavar="PNG", type=click.Path(dir_okay=False), help="also draw the output images as a "
+              "contact sheet PNG")
+@storage_option_flag()
+def preview_command(jobfile: str, inputs: str | None, count: int, settings: tuple[str, ...], sheet: str | None,
+                    storage_option: tuple[str, ...]) -> None:
+    """Run process() on the first samples, in this process, and show what it returns; writes no shards.
+
+    \b
+      shardflow preview augment --inputs 'data/train-*.tar' -n 3 --sheet preview.png
+    """
+    from shardflow.run.jobfile import load_job, parse_overrides
+    from shardflow.run.preview import describe, preview_samples, write_sheet
+
+    options = parse_storage_options(storage_option)
+    with one_line_errors(options, exit_code=EXIT_ERROR, catch=(TypeError,)):
+        job = load_job(jobfile, inputs=inputs, outputs="<preview>/{task}.tar", overrides=parse_overrides(settings),
+                       storage_options=options)
+        outputs = preview_samples(job, count)
+        for line in describe(outputs, job.make_encoder()):
+            click.echo(line)
+        if sheet:
+            images = write_sheet([o for _, o in outputs], sheet)
+            click.echo(f"contact sheet of {images} images: {sheet}" if images else "no images to draw: no sheet")
+
+
+# ------------------------------------------------------------------------------------------------
+# status --watch
+
+
+def watch_status(read: Callable[[], Any], interval: float, *, echo: Callable[[str], None] = click.echo) -> int:
+    """Redraw the status every `interval` s until the run is complete (or Ctrl-C); returns the exit code.
+
+    On a terminal the screen is redrawn; otherwise one line per interval (tasks, samples, errors).
+    """
+    terminal = sys.stdout.isatty()
+    try:
+        while True:
+            status = read()
+            if terminal:
+                click.clear()
+                echo(str(status))
+            else:
+                echo(_status_line(status))
+            if status.complete:
+                return EXIT_OK
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+def _status_line(status: Any) -> str:
+    s = status.stats
+    return (f"{time.strftime('%H:%M:%S')} {len(status.done)}/{status.tasks} tasks done, {len(status.failed)} failed, "
+            f"{len(status.pending)} pending; {s.samples_in} samples in done tasks, {status.error_count} sample errors")

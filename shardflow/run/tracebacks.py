@@ -1,0 +1,75 @@
+"""Full tracebacks of sample errors: kept for the first few occurrences of each distinct error.
+
+errors/NNNNNN.jsonl names every failed sample with a 12-character digest of its traceback (file,
+line, function of each frame); the first TRACES_PER_DIGEST records of each digest in a task also
+carry `trace`, the formatted traceback, so `shardflow status` and the run report can show the file
+and line where the user's code failed without keeping 100,000 copies of the same text.
+"""
+
+from __future__ import annotations
+
+import re
+import traceback
+from collections import Counter
+from typing import Any, Iterable
+
+TRACES_PER_DIGEST = 3  # per task and distinct error
+MAX_TRACE_CHARS = 6000  # the end of a longer traceback is kept: the failing line is last
+SHOWN_TRACES = 3  # distinct tracebacks printed by `status` and the report
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` safe to print on a terminal: control characters (ESC, CR, ...) as \\xNN escapes.
+
+    Tracebacks carry data (keys, URLs, the user's exception message); a key holding an escape
+    sequence must not drive the terminal. Newlines and tabs stay.
+    """
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def format_trace(error: BaseException) -> str:
+    """The traceback of `error` as Python prints it (chained causes included), at most MAX_TRACE_CHARS."""
+    text = "".join(traceback.format_exception(type(error), error, error.__traceback__)).rstrip()
+    if len(text) > MAX_TRACE_CHARS:
+        text = "...\n" + text[-MAX_TRACE_CHARS:].split("\n", 1)[-1]
+    return text
+
+
+class TraceCollector:
+    """Counts error records by digest and keeps the first full traceback seen for each."""
+
+    def __init__(self) -> None:
+        self.counts: Counter = Counter()
+        self.first: dict[str, dict[str, Any]] = {}
+
+    def add(self, record: dict[str, Any]) -> None:
+        digest = record.get("traceback")
+        if not digest:
+            return
+        self.counts[digest] += 1
+        if digest not in self.first and record.get("trace"):
+            self.first[digest] = record
+
+    def add_all(self, records: Iterable[dict[str, Any]]) -> None:
+        for record in records:
+            self.add(record)
+
+    def distinct(self, limit: int = SHOWN_TRACES) -> list[dict[str, Any]]:
+        """The first record (with its trace) of the `limit` most frequent distinct errors."""
+        ranked = [d for d, _ in self.counts.most_common() if d in self.first]
+        return [{**self.first[d], "count": self.counts[d]} for d in ranked[:limit]]
+
+
+def describe_traces(records: list[dict[str, Any]], *, total: int | None = None) -> list[str]:
+    """Lines for a report: a header per distinct error (count, first key), then its traceback indented."""
+    lines: list[str] = []
+    for record in records:
+        lines.append(f"traceback {record.get('traceback')} ({record.get('count', 1)}x, first: task "
+                     f"{record.get('task')} shard {record.get('shard')} key {record.get('key')!r} "
+                     f"[{record.get('stage')}]):")
+        lines.extend("    " + line for line in str(record.get("trace", "")).splitlines())
+    if total is not None and total > len(records):
+        lines.append(f"... {total - len(records)} more distinct errors (see errors/*.jsonl, field `trace`)")
+    return [printable(line) for line in lines]
