@@ -70,6 +70,10 @@ class HashingSink:
 
     def _write(self, parts: list[bytes]) -> None:
         if self._error is None and not self._discard:
+            write_parts = getattr(self._out, "write_parts", None)
+            if write_parts is not None:  # a local file: one vectored write for the batch
+                write_parts(parts)
+                return
             write = self._out.write
             for part in parts:
                 write(part)

@@ -142,7 +142,9 @@ def open_blocks(stream: BinaryIO, url: str) -> Blocks:
         blocks.gzipped = True
         return blocks
     blocks = Blocks(stream.read, url, head)
-    if isinstance(stream, io.BufferedReader):
+    if getattr(stream, "local_file", False):  # a CountingReader over a local file
+        blocks.seekable_file = stream  # type: ignore[assignment]
+    elif isinstance(stream, io.BufferedReader):
         try:
             if stream.seekable():
                 blocks.seekable_file = stream

@@ -1,0 +1,79 @@
+"""The fast paths of local I/O keep exact bytes and exact counts (issue 16's speed work).
+
+- A large member of a local shard is read with one read(n) after stepping back over the block
+  reader's buffer, also through the CountingReader that run_task wraps around every input: the job's
+  bytes_in must still equal the file size (the step back is counted back).
+- Local outputs are written with writev() in batches of at most 1,024 pieces: a batch of more
+  pieces, mixed sizes, must land byte for byte in order.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+
+import numpy as np
+
+import shardflow as sf
+from shardflow.shards.publish import LocalReplace
+from shardflow.shards.samples import read_samples
+from shardflow.shards.tar_blocks import open_blocks
+from shardflow.storage.counting import CountingReader
+
+
+def _identity(sample):
+    return sample
+
+
+def _shard(path: str, sizes: list[int]) -> list[bytes]:
+    rng = np.random.default_rng(1)
+    payloads = [rng.bytes(size) for size in sizes]
+    with sf.TarWriter(path) as writer:
+        for i, data in enumerate(payloads):
+            writer.write({"__key__": f"s{i:03d}", "bin": data, "cls": b"%d" % i})
+    return payloads
+
+
+def test_counting_reader_keeps_the_direct_read_path_and_counts_exactly(tmp_path):
+    path = str(tmp_path / "in.tar")
+    payloads = _shard(path, [5 << 20, 3000, 6 << 20, 100])
+    with open(path, "rb") as raw:
+        assert open_blocks(CountingReader(raw), path).seekable_file is not None  # one read(n) per big member
+    with open(path, "rb") as raw:
+        counted = CountingReader(raw)
+        samples = list(read_samples(counted, path))
+        assert counted.nbytes == os.path.getsize(path)
+    assert [s["bin"] for s in samples] == payloads
+
+
+def test_job_bytes_in_equals_file_size_with_large_members(tmp_path):
+    path = str(tmp_path / "in.tar")
+    payloads = _shard(path, [5 << 20, 1, 9 << 20])
+    out = tmp_path / "out"
+    report = sf.ShardJob(_identity, inputs=path, outputs=str(out / "{name}.tar")).run("serial", progress=False)
+    assert report.ok
+    assert report.stats.bytes_in == os.path.getsize(path)
+    assert [s["bin"] for s in read_samples(str(out / "in.tar"))] == payloads
+
+
+def test_counting_reader_refuses_seeks_it_cannot_count():
+    counted = CountingReader(io.BytesIO(b"abc"))
+    assert not counted.local_file
+    try:
+        counted.seek(-1)
+    except io.UnsupportedOperation:
+        pass
+    else:
+        raise AssertionError("a seek on a non-file stream must be refused")
+
+
+def test_local_output_writev_batches_land_in_order(tmp_path):
+    rng = np.random.default_rng(2)
+    parts = [rng.bytes(int(n)) for n in rng.integers(0, 3000, size=2500)]  # > 1,024 pieces per batch
+    target = tmp_path / "o.bin"
+    out = LocalReplace(str(target), fsync=False)
+    out.write(b"head")  # buffered write() before write_parts() keeps its place
+    out.write_parts(parts)
+    out.write_parts([b"tail"])
+    out.commit()
+    assert target.read_bytes() == b"head" + b"".join(parts) + b"tail"
