@@ -27,6 +27,7 @@ from shardflow.cli.common import (
 )
 from shardflow.errors import ShardflowError
 from shardflow.shards.keys import Sample
+from shardflow.shards.records import iter_records, record_format, value_bytes
 from shardflow.shards.samples import iter_samples
 from shardflow.shards.tar_read import iter_members
 from shardflow.storage import options as so
@@ -70,6 +71,8 @@ def _open(url: str, options: dict[str, Any], allow_pipe: bool) -> Iterator[Count
 
 
 def _samples(stream: BinaryIO, url: str, on_error: str, warn: Any = None) -> Iterator[Sample]:
+    if record_format(url):  # .cbors / .mps / .msgpacks
+        return iter_records(stream, url, on_error=on_error, report=warn)
     resync = on_error != "raise"
     return iter_samples(iter_members(stream, url, resync=resync), url, on_error=on_error, report=warn)
 
@@ -169,7 +172,7 @@ def cat_command(url: str, keys: tuple[str, ...], exts: tuple[str, ...], allow_pi
                         f"{', '.join(map(repr, wanted_exts))} (it has {', '.join(present)})", EXIT_FAILED
                     )
                 for ext in chosen:
-                    out.write(sample[ext])
+                    out.write(value_bytes(sample[ext]))
                 remaining.discard(key)
                 if keys and not remaining:
                     break
@@ -247,7 +250,7 @@ def _shard_stats(url: str, options: dict[str, Any], allow_pipe: bool, on_error: 
             for ext, value in sample.items():
                 if ext.startswith("__"):
                     continue
-                size = len(value)
+                size = len(value_bytes(value))
                 st.members += 1
                 st.data_bytes += size
                 e = exts.get(ext)
