@@ -31,6 +31,7 @@ class ShardSource:
     settings: ReaderSettings
     manifest: ShardManifest
     cache: Callable[[], ShardCache]  # this process's cache of remote shards (made on first use)
+    read: Callable[..., Iterator[dict]] = read_samples  # a spec collection's own (record fields=)
 
     def samples(self, plan: EpochPlan, errors: ErrorCount) -> Iterator[dict]:
         """Raw samples of one pass over the consumer's part (endless when resampled)."""
@@ -63,7 +64,7 @@ class ShardSource:
         stream = self.open(segment.shard)  # a shard that cannot be opened is always an error
         complete = False
         try:
-            samples = read_samples(stream, url, on_error=self.settings.on_error, report=errors.reported)
+            samples = self.read(stream, url, on_error=self.settings.on_error, report=errors.reported)
             try:
                 stop = segment.stop
                 counts = self.manifest.counts
