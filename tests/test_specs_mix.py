@@ -155,3 +155,39 @@ def test_unknown_counts_without_epoch_mix_by_weight(colls):
     with pytest.raises(TypeError, match="no 'epoch:'"):
         len(ds)
     assert len(list(ds)) == 80
+
+
+def test_job_takes_a_spec_with_views(colls, tmp_path):
+    spec = tmp_path / "train.yaml"
+    spec.write_text(f"dataset:\n  - shards: {colls['a']}\n    weight: 3\n    extensions: txt\n"
+                    f"    rename: {{txt: text}}\n  - shards: {colls['b']}\n")
+    seen = []
+
+    def keep(sample):
+        seen.append(sorted(k for k in sample if not k.startswith("__")))
+        return sample
+
+    job = sf.ShardJob(keep, inputs=str(spec), outputs=str(tmp_path / "out" / "{name}.tar"))
+    assert len(job.plan()) == 3 + 2  # every shard of every collection is a task; weights do not apply
+    report = job.run("serial")
+    assert report.done == 5 and not report.failed
+    a = list(sf.read_samples(str(tmp_path / "out" / "a-0.tar")))
+    assert len(a) == 40 and set(a[0]) == {"__key__", "__url__", "text"}
+    b = list(sf.read_samples(str(tmp_path / "out" / "b-0.tar")))
+    assert set(b[0]) == {"__key__", "__url__", "txt", "cls"}
+
+
+def test_stats_reports_per_collection(colls, tmp_path):
+    import subprocess
+    import sys
+
+    spec = tmp_path / "train.yaml"
+    spec.write_text(f"dataset:\n  - shards: {colls['a']}\n  - shards: {colls['b']}\n")
+    res = subprocess.run([sys.executable, "-m", "shardflow.cli", "stats", "--json", str(spec)],
+                         capture_output=True, text=True, check=True)
+    out = json.loads(res.stdout)
+    assert out["samples"] == 170 and [c["samples"] for c in out["collections"]] == [120, 50]
+    assert "train.yaml, line 2" in out["collections"][0]["name"]
+    res = subprocess.run([sys.executable, "-m", "shardflow.cli", "stats", str(spec)],
+                         capture_output=True, text=True, check=True)
+    assert res.stdout.count("collection ") == 2 and "total\nshards        5" in res.stdout
