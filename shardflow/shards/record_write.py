@@ -12,6 +12,8 @@ from shardflow.shards.receipt import ShardInfo
 from shardflow.shards.records import encode_record, record_format
 from shardflow.shards.sinks import HashingSink
 
+BATCH_BYTES = 1 << 20
+
 
 class RecordWriter:
     """Write samples as concatenated CBOR / MessagePack items into one shard (a URL, committed
@@ -32,20 +34,28 @@ class RecordWriter:
         self._sink = HashingSink(out, checksum, threaded=threaded)
         self._encoder = encoder
         self._pending: tuple[Any, bytes] | None = None  # (members, item) of the last sample_size()
+        self._batch: list[bytes] = []  # items not yet handed to the sink (~1 MiB at a time, like tar)
+        self._batch_bytes = 0
         self.nsamples = 0
         self.closed = False
 
     @property
     def nbytes(self) -> int:
-        return self._sink.nbytes
+        return self._sink.nbytes + self._batch_bytes
+
+    def _flush_batch(self) -> None:
+        if self._batch:
+            batch, self._batch, self._batch_bytes = self._batch, [], 0
+            self._sink.write_parts(batch)
 
     def _item(self, members: list[tuple[str, bytes]]) -> bytes:
         if self._pending is not None and self._pending[0] is members:
             return self._pending[1]
         key = split_name(members[0][0])[0]
+        skip = len(key) + 1
         sample: Sample = {"__key__": key}
         for name, data in members:
-            sample[split_name(name)[1]] = data
+            sample[name[skip:]] = data  # members of one sample: f"{key}.{ext}" (sample_members)
         return encode_record(sample, self.fmt)  # type: ignore[arg-type]
 
     def sample_size(self, members: list[tuple[str, bytes]]) -> int:
@@ -71,10 +81,13 @@ class RecordWriter:
     def _add(self, item: bytes) -> int:
         if self.closed:
             raise ValueError(f"{self.url} is closed")
-        try:
-            self._sink.write(item)
-        except OSError as exc:
-            raise ShardIOError(f"write failed: {exc}", url=self.url) from exc
+        self._batch.append(item)
+        self._batch_bytes += len(item)
+        if self._batch_bytes >= BATCH_BYTES:
+            try:
+                self._flush_batch()
+            except OSError as exc:
+                raise ShardIOError(f"write failed: {exc}", url=self.url) from exc
         self.nsamples += 1
         return len(item)
 
@@ -83,6 +96,7 @@ class RecordWriter:
         if self.closed:
             raise ValueError(f"{self.url} is already closed")
         try:
+            self._flush_batch()
             self._sink.drain()
         except BaseException as exc:
             self.abort()
@@ -98,6 +112,7 @@ class RecordWriter:
         """Throw the shard away (nothing appears under its name); safe to call more than once."""
         if not self.closed:
             self.closed = True
+            self._batch, self._batch_bytes = [], 0
             self._sink.drain(discard=True)
             if self._atomic is not None:
                 self._atomic.abort()
