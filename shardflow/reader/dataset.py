@@ -50,6 +50,7 @@ from shardflow.reader.state import (
 )
 from shardflow.reader.stream import Cursor, EpochStream
 from shardflow.reader.warn_once import warn_once
+from shardflow.storage.locate import current_locator
 
 
 class _Setting:
@@ -93,6 +94,8 @@ class ShardDataset(IterableDataset):
       memory (`batch.is_contiguous(memory_format=torch.channels_last)`): the decoded HWC pixels are
       copied into the batch as they are, skipping the HWC -> CHW transposition (a quarter of the
       decode cost at 256x256). Same values; use `.reshape`, not `.view`, on them.
+    - rewrite ("PREFIX=REPLACEMENT" rules), mirror (a directory of local copies): where shards are
+      really read from, before the process's own rules (see docs/specs.md).
     - storage_options: fsspec options (flat or per URL prefix). cache_dir/cache_size: local LRU cache
       of remote shards.
     - on_error: "raise", "skip" or "warn" (skip and warn) for bad samples and damaged shards. A shard
@@ -158,6 +161,8 @@ class ShardDataset(IterableDataset):
         device: str | torch.device = "cuda",
         channels_last: bool = False,
         allow_pipe: bool = False,
+        rewrite: Sequence[str] | str | None = None,
+        mirror: str | None = None,
     ) -> None:
         super().__init__()
         settings = ReaderSettings.from_options(
@@ -168,6 +173,8 @@ class ShardDataset(IterableDataset):
             split_by_worker=split_by_worker, rank=rank, world_size=world_size, gpu_decode=gpu_decode,
             device=device, channels_last=channels_last, allow_pipe=allow_pipe,
         )
+        # rewrite= / mirror= add to the process's rules and mirror (storage/locate.py), for this dataset
+        self._locator = current_locator(rewrite, mirror) if rewrite or mirror else None
         self._decoders = SampleDecoders.create(settings)  # now: a Decoder snapshots the registered codecs
         self.spec = spec
         # a dataset spec (train.yaml, a dict) mixes collections (reader/mix.py); else a shard spec
@@ -328,8 +335,8 @@ class ShardDataset(IterableDataset):
             collate_batch = functools.partial(collate, shared=shared, channels_last=s.channels_last, ring=ring)
         errors = ErrorCount(s.on_error, start.errors)
         return EpochStream(
-            plan=plan, source=ShardSource(self.urls, s, self._manifest, self._shard_cache) if self._mix is None
-            else self._mix.source(s, self._shard_cache),
+            plan=plan, source=ShardSource(self.urls, s, self._manifest, self._shard_cache, locator=self._locator)
+            if self._mix is None else self._mix.source(s, self._shard_cache, self._locator),
             prepare=SamplePreparer(self._decoders, s.map, s.to_tuple, errors, gpu_defer),
             collate=collate_batch, ring=ring, cursor=Cursor(worker, start, errors),
             shuffle=s.shuffle, seed=s.seed, batch_size=s.batch_size, partial=s.partial, gpu_defer=gpu_defer,

@@ -51,6 +51,7 @@ from shardflow.reader.warn_once import warn_once
 from shardflow.shards.records import read_records, record_format
 from shardflow.shards.samples import read_samples
 from shardflow.shards.spec import Collection, DatasetSpec, SpecError, is_spec, load_spec, spec_json
+from shardflow.storage.locate import Locator
 from shardflow.storage.specs import expand
 
 TAG_MIX = 0x4D49
@@ -200,8 +201,8 @@ class DatasetMix:
         return assign(len(urls), plan, counts=None, seed=mix(settings.seed, i), epoch=epoch,
                       shardshuffle=settings.shardshuffle).segments
 
-    def source(self, settings: ReaderSettings, cache: Callable[[], ShardCache]) -> MixSource:
-        sources = tuple(ShardSource(list(c.urls), settings, m, cache, read=_reader(c.fields))
+    def source(self, settings: ReaderSettings, cache: Callable[[], ShardCache], locator: Locator | None) -> MixSource:
+        sources = tuple(ShardSource(list(c.urls), settings, m, cache, read=_reader(c.fields), locator=locator)
                         for c, m in zip(self.collections, self.manifests))
         return MixSource(self, sources, settings.seed)
 
