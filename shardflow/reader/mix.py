@@ -179,7 +179,8 @@ class DatasetMix:
                           for i in range(len(self.collections)))
             return MixPlan(actual, epoch, None, None, parts)
         per_rank = [q // plan.world for q in quotas]
-        labels = np.repeat(np.arange(len(per_rank), dtype=np.int32), per_rank)
+        dtype = np.uint8 if len(per_rank) <= 256 else np.int32  # one byte a sample for up to 256 collections
+        labels = np.repeat(np.arange(len(per_rank), dtype=dtype), per_rank)
         np.random.Generator(np.random.PCG64(mix(settings.seed, epoch, plan.rank, TAG_MIX))).shuffle(labels)
         a, b = worker_part(len(labels), plan.workers, plan.worker, settings.batch_size, settings.partial)
         before = np.bincount(labels[:a], minlength=len(per_rank))
@@ -248,7 +249,7 @@ class MixSource:
                 yield from self._drawn(plan, streams)
                 return
             views = [c.view for c in self.mix.collections]
-            for label in plan.labels.tolist():
+            for label in _labels(plan.labels):
                 sample = next(streams[label], None)
                 if sample is None:
                     c = self.mix.collections[label]
@@ -273,6 +274,12 @@ class MixSource:
                 active.remove(i)
             else:
                 yield collections[i].view(sample)
+
+
+def _labels(labels: Any, chunk: int = 1 << 16) -> Iterator[int]:
+    """The labels as Python ints, converted a chunk at a time (never a list of the whole epoch)."""
+    for start in range(0, len(labels), chunk):
+        yield from labels[start:start + chunk].tolist()
 
 
 def _part(source: ShardSource, part: PartPlan, errors: ErrorCount) -> Iterator[dict]:
