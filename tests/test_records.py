@@ -58,6 +58,12 @@ def test_tar_to_cbors_and_back_is_byte_exact(tmp_path):
     assert (tmp_path / "back.tar").read_bytes() == tar.read_bytes()
 
 
+def test_tar_writer_refuses_a_record_name(tmp_path):
+    with pytest.raises(ValueError, match="RecordWriter"):
+        TarWriter(str(tmp_path / "a.cbors"))
+    assert not list(tmp_path.iterdir())
+
+
 def test_items_are_plain_cbor_and_msgpack_maps(tmp_path):
     with RecordWriter(str(tmp_path / "a.cbors")) as w:
         w.write({"__key__": "k1", "txt": b"x", "cls": 3})

@@ -62,6 +62,8 @@ class TarWriter:
         fsync: bool = True,
     ) -> None:
         self.url = target if isinstance(target, str) else str(getattr(target, "name", "<stream>"))
+        if isinstance(target, str) and record_format(target):
+            raise ValueError(f"{target!r} names a record-stream shard: write it with RecordWriter or ShardWriter")
         self._atomic: AtomicOutput | None = None
         self._owned: Any = None  # a "-" or pipe: stream opened (and closed) here, not atomic
         if isinstance(target, str) and (target == "-" or target.startswith("pipe:")):
