@@ -25,12 +25,16 @@ from shardflow.cli.common import (
     parse_storage_options,
     storage_option_flag,
 )
+from shardflow.cli.locations import location_flags, printable
 from shardflow.errors import ShardflowError
 from shardflow.shards.keys import Sample
+from shardflow.shards.records import iter_records, record_format, value_bytes
 from shardflow.shards.samples import iter_samples
+from shardflow.shards.spec import is_spec, load_spec
 from shardflow.shards.tar_read import iter_members
 from shardflow.storage import options as so
 from shardflow.storage.counting import CountingReader
+from shardflow.storage.locate import resolve
 from shardflow.storage.schemes import open_read
 from shardflow.storage.specs import expand
 
@@ -54,9 +58,17 @@ def _errors(options: dict[str, Any] | None) -> Any:
 
 
 def _expand(specs: tuple[str, ...], options: dict[str, Any]) -> list[str]:
-    out: list[str] = []
+    return [url for _, urls in _groups(specs, options) for url in urls]
+
+
+def _groups(specs: tuple[str, ...], options: dict[str, Any]) -> list[tuple[str | None, list[str]]]:
+    """(collection name or None, its shards) per spec: a dataset spec (train.yaml) gives one per collection."""
+    out: list[tuple[str | None, list[str]]] = []
     for spec in specs:
-        out.extend(expand(spec, so.options_for(spec, options)))
+        if is_spec(spec):
+            out.extend((f"{c.name} ({c.where})", list(c.urls)) for c in load_spec(spec, options).collections)
+        else:
+            out.append((None, expand(spec, so.options_for(spec, options))))
     return out
 
 
@@ -70,6 +82,8 @@ def _open(url: str, options: dict[str, Any], allow_pipe: bool) -> Iterator[Count
 
 
 def _samples(stream: BinaryIO, url: str, on_error: str, warn: Any = None) -> Iterator[Sample]:
+    if record_format(url):  # .cbors / .mps / .msgpacks
+        return iter_records(stream, url, on_error=on_error, report=warn)
     resync = on_error != "raise"
     return iter_samples(iter_members(stream, url, resync=resync), url, on_error=on_error, report=warn)
 
@@ -101,6 +115,7 @@ _ON_ERROR = click.option(
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per sample")
 @_ON_ERROR
 @click.option("--allow-pipe", is_flag=True, help=_PIPE_HELP)
+@location_flags
 @storage_option_flag()
 def ls_command(spec: tuple[str, ...], as_json: bool, on_error: str, allow_pipe: bool,
                storage_option: tuple[str, ...]) -> None:
@@ -139,6 +154,7 @@ def ls_command(spec: tuple[str, ...], as_json: bool, on_error: str, allow_pipe: 
 @click.option("--key", "-k", "keys", multiple=True, help="only the sample with this key (repeatable)")
 @click.option("--ext", "-e", "exts", multiple=True, help="only members with this extension (repeatable)")
 @click.option("--allow-pipe", is_flag=True, help=_PIPE_HELP)
+@location_flags
 @storage_option_flag()
 def cat_command(url: str, keys: tuple[str, ...], exts: tuple[str, ...], allow_pipe: bool,
                 storage_option: tuple[str, ...]) -> None:
@@ -169,7 +185,7 @@ def cat_command(url: str, keys: tuple[str, ...], exts: tuple[str, ...], allow_pi
                         f"{', '.join(map(repr, wanted_exts))} (it has {', '.join(present)})", EXIT_FAILED
                     )
                 for ext in chosen:
-                    out.write(sample[ext])
+                    out.write(value_bytes(sample[ext]))
                 remaining.discard(key)
                 if keys and not remaining:
                     break
@@ -247,7 +263,7 @@ def _shard_stats(url: str, options: dict[str, Any], allow_pipe: bool, on_error: 
             for ext, value in sample.items():
                 if ext.startswith("__"):
                     continue
-                size = len(value)
+                size = len(value_bytes(value))
                 st.members += 1
                 st.data_bytes += size
                 e = exts.get(ext)
@@ -275,36 +291,57 @@ def _safe_shard_stats(url: str, options: dict[str, Any], allow_pipe: bool, on_er
               help="shards read at the same time (threads; helps with object stores)")
 @_ON_ERROR
 @click.option("--allow-pipe", is_flag=True, help=_PIPE_HELP)
+@click.option("--verbose", "-v", is_flag=True, help="list each shard and the URL really read for it (rewrite, mirror)")
+@location_flags
 @storage_option_flag()
-def stats_command(spec: tuple[str, ...], as_json: bool, jobs: int, on_error: str, allow_pipe: bool,
+def stats_command(spec: tuple[str, ...], as_json: bool, jobs: int, on_error: str, allow_pipe: bool, verbose: bool,
                   storage_option: tuple[str, ...]) -> None:
     """Totals over whole specs: shards, samples, members, bytes, and per extension count and sizes.
 
     Shards are streamed (never held whole), `--jobs` at a time. With --on-error skip, a bad shard
-    or sample is reported on stderr and counted, and the totals cover the rest.
+    or sample is reported on stderr and counted, and the totals cover the rest. A dataset spec
+    (train.yaml) is reported per collection, then in total.
     """
     options = parse_storage_options(storage_option)
     with _errors(options):
-        shards = _expand(spec, options)
+        groups = _groups(spec, options)
+        if verbose:
+            for url in (u for _, urls in groups for u in urls):
+                click.echo(f"{printable(url)} -> {printable(resolve(url))}")
+        parts = [(name, _pool_stats(urls, options, allow_pipe, on_error, jobs)) for name, urls in groups]
         total = _Stats()
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            todo = deque(shards)
-            running: set[Future[_Stats]] = set()
-            try:
-                while todo or running:
-                    while todo and len(running) < 2 * jobs:
-                        running.add(pool.submit(_safe_shard_stats, todo.popleft(), options, allow_pipe, on_error))
-                    done, running = wait(running, return_when=FIRST_COMPLETED)
-                    for fut in done:
-                        total.merge(fut.result())
-            except BaseException:
-                for fut in running:
-                    fut.cancel()
-                raise
+        for _, st in parts:
+            total.merge(st)
+        named = [(name, st) for name, st in parts if name is not None]
         if as_json:
-            click.echo(json.dumps(total.to_json()))
+            out = total.to_json()
+            if named:
+                out["collections"] = [{"name": name, **st.to_json()} for name, st in named]
+            click.echo(json.dumps(out))
         else:
-            click.echo(_format_stats(total))
+            for name, st in named:
+                click.echo(f"collection {name}\n{_format_stats(st)}\n")
+            click.echo(("total\n" if named else "") + _format_stats(total))
+
+
+def _pool_stats(shards: list[str], options: dict[str, Any], allow_pipe: bool, on_error: str, jobs: int) -> _Stats:
+    """Stats of `shards`, read `jobs` at a time."""
+    total = _Stats()
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        todo = deque(shards)
+        running: set[Future[_Stats]] = set()
+        try:
+            while todo or running:
+                while todo and len(running) < 2 * jobs:
+                    running.add(pool.submit(_safe_shard_stats, todo.popleft(), options, allow_pipe, on_error))
+                done, running = wait(running, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    total.merge(fut.result())
+        except BaseException:
+            for fut in running:
+                fut.cancel()
+            raise
+    return total
 
 
 def _format_stats(st: _Stats) -> str:

@@ -27,6 +27,7 @@ from shardflow.cli.common import (
     parse_storage_options,
     storage_option_flag,
 )
+from shardflow.cli.locations import location_flags
 from shardflow.cli.trying import flag_values, run_flags, watch_status
 from shardflow.errors import ShardflowError
 from shardflow.storage import options as so
@@ -84,6 +85,7 @@ def _backend_names() -> list[str]:
 
 
 @click.command("run")
+@location_flags
 @click.argument("jobfile")
 @_job_options
 @click.option("--backend", "-b", type=click.Choice(_backend_names()), default="processes", show_default=True,
@@ -170,6 +172,7 @@ def _sigterm_as_interrupt() -> Any:
 
 
 @click.command("plan")
+@location_flags
 @click.argument("jobfile")
 @_job_options
 @click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True, help="tasks to list (0: all)")

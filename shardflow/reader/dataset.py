@@ -34,7 +34,7 @@ from shardflow.reader.cache import ShardCache
 from shardflow.reader.collate import collate
 from shardflow.reader.gpu import GpuDecoder
 from shardflow.reader.layout import Layout
-from shardflow.reader.manifest import ShardManifest
+from shardflow.reader.mix import load_shards
 from shardflow.reader.prepare import SampleDecoders, SamplePreparer
 from shardflow.reader.settings import ReaderSettings
 from shardflow.reader.shard_source import ShardSource
@@ -46,12 +46,11 @@ from shardflow.reader.state import (
     ErrorCount,
     Position,
     StateScope,
-    fingerprint,
     order_config,
 )
 from shardflow.reader.stream import Cursor, EpochStream
 from shardflow.reader.warn_once import warn_once
-from shardflow.storage.specs import expand
+from shardflow.storage.locate import current_locator
 
 
 class _Setting:
@@ -73,7 +72,8 @@ class ShardDataset(IterableDataset):
     DataLoader workers so that an epoch delivers every sample once.
 
     Parameters
-    - spec: shard spec (brace pattern, glob, list; see shardflow.storage.specs.expand).
+    - spec: shard spec (brace pattern, glob, list, `a::b`; see shardflow.storage.specs.expand), or a
+      dataset spec (`train.yaml`/`.json` or a dict) whose collections are mixed (see reader/mix.py).
     - decode: image spec for codecs.Decoder (`"torchrgb8"`, `"torchrgb"`, `"rgb8"`, `"pil"`, ... or None
       for raw bytes). `"torchrgb8-gpu"` (or `gpu_decode=True`) decodes JPEGs on the GPU in batches in
       the main process (Loader, or in-process iteration); without a GPU it warns and decodes on CPU.
@@ -94,6 +94,8 @@ class ShardDataset(IterableDataset):
       memory (`batch.is_contiguous(memory_format=torch.channels_last)`): the decoded HWC pixels are
       copied into the batch as they are, skipping the HWC -> CHW transposition (a quarter of the
       decode cost at 256x256). Same values; use `.reshape`, not `.view`, on them.
+    - rewrite ("PREFIX=REPLACEMENT" rules), mirror (a directory of local copies): where shards are
+      really read from, before the process's own rules (see docs/specs.md).
     - storage_options: fsspec options (flat or per URL prefix). cache_dir/cache_size: local LRU cache
       of remote shards.
     - on_error: "raise", "skip" or "warn" (skip and warn) for bad samples and damaged shards. A shard
@@ -159,6 +161,8 @@ class ShardDataset(IterableDataset):
         device: str | torch.device = "cuda",
         channels_last: bool = False,
         allow_pipe: bool = False,
+        rewrite: Sequence[str] | str | None = None,
+        mirror: str | None = None,
     ) -> None:
         super().__init__()
         settings = ReaderSettings.from_options(
@@ -169,11 +173,12 @@ class ShardDataset(IterableDataset):
             split_by_worker=split_by_worker, rank=rank, world_size=world_size, gpu_decode=gpu_decode,
             device=device, channels_last=channels_last, allow_pipe=allow_pipe,
         )
+        # rewrite= / mirror= add to the process's rules and mirror (storage/locate.py), for this dataset
+        self._locator = current_locator(rewrite, mirror) if rewrite or mirror else None
         self._decoders = SampleDecoders.create(settings)  # now: a Decoder snapshots the registered codecs
         self.spec = spec
-        self.urls = expand(spec, storage_options)
-        self.fingerprint = fingerprint(self.urls)
-        self._manifest = ShardManifest.load(manifest, self.urls, storage_options)
+        # a dataset spec (train.yaml, a dict) mixes collections (reader/mix.py); else a shard spec
+        self._mix, self.urls, self._manifest, self.fingerprint = load_shards(spec, settings, manifest)
         settings.check_counts(self._manifest.counts is not None)
         self.settings = settings
         self.epoch = 0
@@ -221,6 +226,8 @@ class ShardDataset(IterableDataset):
 
     def __len__(self) -> int:
         """Items (batches when batch_size is set, else samples) this rank gets per epoch."""
+        if self._mix is not None:
+            return self._mix.length(self.settings, self._layout.plan_rank_world()[1], self.epoch)
         return self._layout.length()
 
     # -- epochs and state ------------------------------------------------------------------------
@@ -315,7 +322,8 @@ class ShardDataset(IterableDataset):
         """One consumer's epoch, from `start` (see stream.py)."""
         s = self.settings
         layout = self._layout
-        plan = layout.epoch_plan(worker, workers, epoch)
+        plan = layout.epoch_plan(worker, workers, epoch) if self._mix is None else \
+            self._mix.epoch_plan(s, *layout.consumers(worker, workers), epoch)
         if plan.assignment is not None and plan.assignment.split_inside and (worker == 0 or not s.split_by_worker):
             warn_once(layout.split_message(max(1, workers)))
         shared = get_worker_info() is not None  # in a worker: batches go to shared memory
@@ -327,7 +335,8 @@ class ShardDataset(IterableDataset):
             collate_batch = functools.partial(collate, shared=shared, channels_last=s.channels_last, ring=ring)
         errors = ErrorCount(s.on_error, start.errors)
         return EpochStream(
-            plan=plan, source=ShardSource(self.urls, s, self._manifest, self._shard_cache),
+            plan=plan, source=ShardSource(self.urls, s, self._manifest, self._shard_cache, locator=self._locator)
+            if self._mix is None else self._mix.source(s, self._shard_cache, self._locator),
             prepare=SamplePreparer(self._decoders, s.map, s.to_tuple, errors, gpu_defer),
             collate=collate_batch, ring=ring, cursor=Cursor(worker, start, errors),
             shuffle=s.shuffle, seed=s.seed, batch_size=s.batch_size, partial=s.partial, gpu_defer=gpu_defer,

@@ -19,6 +19,7 @@ from shardflow.reader.split import TAG_RESAMPLE, Segment, resampled_shards, rng_
 from shardflow.reader.state import ErrorCount
 from shardflow.reader.warn_once import warn_once
 from shardflow.shards.samples import read_samples
+from shardflow.storage.locate import Locator
 from shardflow.storage.paths import is_local
 from shardflow.storage.schemes import open_read
 
@@ -31,6 +32,8 @@ class ShardSource:
     settings: ReaderSettings
     manifest: ShardManifest
     cache: Callable[[], ShardCache]  # this process's cache of remote shards (made on first use)
+    read: Callable[..., Iterator[dict]] = read_samples  # a spec collection's own (record fields=)
+    locator: Locator | None = None  # the dataset's rewrite= / mirror= (None: the process's)
 
     def samples(self, plan: EpochPlan, errors: ErrorCount) -> Iterator[dict]:
         """Raw samples of one pass over the consumer's part (endless when resampled)."""
@@ -49,10 +52,10 @@ class ShardSource:
         s = self.settings
         options = s.storage_options  # flat or per URL prefix: urls.open_read picks what applies
         if s.cache_dir is None or is_local(url) or url.startswith("pipe:") or url == "-":
-            return open_read(url, options, allow_pipe=s.allow_pipe)
+            return open_read(url, options, allow_pipe=s.allow_pipe, locator=self.locator)
         m = self.manifest
         return self.cache().open(
-            url, lambda: open_read(url, options, allow_pipe=s.allow_pipe),
+            url, lambda: open_read(url, options, allow_pipe=s.allow_pipe, locator=self.locator),
             nbytes=m.nbytes[index] if m.nbytes else None,
             sha256=m.sha256[index] if m.sha256 else None,
         )
@@ -63,7 +66,7 @@ class ShardSource:
         stream = self.open(segment.shard)  # a shard that cannot be opened is always an error
         complete = False
         try:
-            samples = read_samples(stream, url, on_error=self.settings.on_error, report=errors.reported)
+            samples = self.read(stream, url, on_error=self.settings.on_error, report=errors.reported)
             try:
                 stop = segment.stop
                 counts = self.manifest.counts

@@ -12,11 +12,12 @@ from typing import Any, Callable, Sequence
 from shardflow.errors import DEFAULT_ON_ERROR_JOB, JobError, check_on_error
 from shardflow.run import guard
 from shardflow.run.context import TaskContext
+from shardflow.run.inputs import input_urls, input_views, job_decoder, views_setting
 from shardflow.run.naming import output_names
 from shardflow.run.rundir import RunDir
 from shardflow.run.task import Task
+from shardflow.shards.spec import is_spec
 from shardflow.storage import options as so
-from shardflow.storage.specs import expand
 
 UNLIMITED = 1 << 62
 
@@ -128,7 +129,7 @@ class ShardJob:
     def plan(self) -> list[Task]:
         """The tasks of this job, computed once (one listing per input glob)."""
         if self._tasks is None:
-            inputs = expand(self.inputs, self.options_for(_first(self.inputs)))
+            inputs = input_urls(self.inputs, self.options_for(_first(self.inputs)))  # or a dataset spec
             groups = [inputs[i : i + self.inputs_per_task] for i in range(0, len(inputs), self.inputs_per_task)]
             self._tasks = [
                 Task(task_id, tuple(group), output, parts)
@@ -153,18 +154,23 @@ class ShardJob:
         (unless forced) instead of mixing old and new outputs. Policies (on_error, retries) are left out."""
         described = self.describe()
         keys = ("decode", "encode", "seed", "maxcount", "maxsize", "inputs_per_task", "params")
-        return json.loads(json.dumps({k: described[k] for k in keys}, sort_keys=True, default=repr))
+        chosen = {k: described[k] for k in keys}
+        if is_spec(self.inputs):  # the collections' views shape the outputs too
+            chosen["views"] = views_setting(input_views(self.inputs, self.options_for(_first(self.inputs))))
+        return json.loads(json.dumps(chosen, sort_keys=True, default=repr))
 
     # -- codecs --------------------------------------------------------------------------------
     # Built once in the process that defines the job and pickled with it: codecs copy the registry
     # when created, so codecs the user registered in the main process reach every worker.
     def make_decoder(self) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
-        if self.decode is None:
+        if self.decode is None and not is_spec(self.inputs):
             return None
         if self._decoder is None:
             from shardflow.codecs import Decoder
 
-            self._decoder = Decoder(self.decode, allow_pickle=self.allow_pickle)
+            inner = Decoder(self.decode, allow_pickle=self.allow_pickle) if self.decode is not None else None
+            # a dataset spec's extensions / rename apply first (run/inputs.py)
+            self._decoder = job_decoder(self.inputs, self.options_for(_first(self.inputs)), inner)
         return self._decoder
 
     def make_encoder(self) -> Callable[[dict[str, Any]], dict[str, Any]]:
@@ -220,5 +226,7 @@ class ShardJob:
         return render(self, "argo", image, prepare=prepare, **options)
 
 
-def _first(spec: str | Sequence[str]) -> str:
-    return spec if isinstance(spec, str) else (spec[0] if spec else "")
+def _first(spec: Any) -> str:
+    if isinstance(spec, str):
+        return spec
+    return "" if not spec or isinstance(spec, dict) else spec[0]

@@ -16,7 +16,7 @@ import braceexpand
 from shardflow.errors import JobError
 
 _FIELD = re.compile(r"\{(task|name|part)(?:[:!][^}]*)?\}")
-_TAR_SUFFIXES = (".tar.gz", ".tgz", ".tar")
+_TAR_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".cbors", ".msgpacks", ".mps")  # record streams too
 
 
 def shard_stem(url: str) -> str:

@@ -13,6 +13,7 @@ from typing import Any, BinaryIO, Callable, Iterable, Iterator
 
 from shardflow.errors import SampleError, ShardflowError, apply_policy, check_on_error
 from shardflow.shards.keys import Sample, check_key, split_name
+from shardflow.shards.records import read_records, record_format
 from shardflow.shards.sample_recover import DamageGuard
 from shardflow.shards.tar_read import Member, iter_members
 from shardflow.shards.tar_recover import Corruption
@@ -130,6 +131,9 @@ def read_samples(
     stream is closed when the iterator is exhausted or closed, so a `pipe:` command is reaped (and
     its failure raised as PipeError) even when the caller stops early.
     """
+    if record_format(source if isinstance(source, str) else url):  # .cbors / .mps / .msgpacks
+        return read_records(source, url, on_error=on_error, report=report, storage_options=storage_options,
+                            allow_pipe=allow_pipe)
     if isinstance(source, str):
         return _read_url(source, on_error, report, storage_options, allow_pipe)
     members = iter_members(source, url, resync=on_error != "raise")

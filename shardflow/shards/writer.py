@@ -6,13 +6,15 @@ Shards are opened only when their first sample arrives, so no empty shards are e
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from typing import Any, BinaryIO, Callable
 
 from shardflow.errors import ShardIOError
 from shardflow.shards.committer import BackgroundCommitter
 from shardflow.shards.keys import Sample
 from shardflow.shards.publish import AtomicOutput, open_atomic
+from shardflow.shards.receipt import ShardInfo
+from shardflow.shards.record_write import RecordWriter
+from shardflow.shards.records import record_format
 from shardflow.shards.samples import sample_members
 from shardflow.shards.sinks import HashingSink
 from shardflow.shards.tar_headers import BLOCK
@@ -25,19 +27,6 @@ __all__ = ["Encode", "ShardInfo", "ShardWriter", "TarWriter", "format_shard_name
            "sample_tar_size"]
 
 Encode = Callable[[Sample], Sample]
-
-
-@dataclass(frozen=True)
-class ShardInfo:
-    """Receipt of a committed shard."""
-
-    url: str
-    nsamples: int
-    nbytes: int
-    sha256: str
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def remove_stale_temps(url: str, storage_options: dict[str, Any] | None = None, *, tag: str = "") -> int:
@@ -73,6 +62,8 @@ class TarWriter:
         fsync: bool = True,
     ) -> None:
         self.url = target if isinstance(target, str) else str(getattr(target, "name", "<stream>"))
+        if isinstance(target, str) and record_format(target):
+            raise ValueError(f"{target!r} names a record-stream shard: write it with RecordWriter or ShardWriter")
         self._atomic: AtomicOutput | None = None
         self._owned: Any = None  # a "-" or pipe: stream opened (and closed) here, not atomic
         if isinstance(target, str) and (target == "-" or target.startswith("pipe:")):
@@ -114,6 +105,10 @@ class TarWriter:
     @property
     def nbytes(self) -> int:
         return self._tar.bytes_written
+
+    def sample_size(self, members: list[tuple[str, bytes]]) -> int:
+        """Bytes `write_members(members)` would add, plus the end-of-archive blocks."""
+        return sample_tar_size(members) + 2 * BLOCK
 
     def close(self) -> ShardInfo:
         """Finish the archive and commit it; returns its receipt."""
@@ -225,7 +220,7 @@ class ShardWriter:
         self._temp_tag = temp_tag
         self._fsync = fsync
         self._threaded = threaded
-        self._current: TarWriter | None = None
+        self._current: TarWriter | RecordWriter | None = None
         # Finished shards are committed by one background thread while the next one is written
         # (hides fsync and the final upload of object stores); receipts and on_commit calls are
         # delivered in order, in the caller's thread, at the next write() or at close().
@@ -236,17 +231,17 @@ class ShardWriter:
         if self._committer is not None and self._committer.has_news():
             self._deliver()
         members = sample_members(self._encoder(sample) if self._encoder else sample)
-        size = sample_tar_size(members)
         current = self._current
         if current is not None and (
-            current.nsamples >= self.maxcount or current.nbytes + size + 2 * BLOCK > self.maxsize
+            current.nsamples >= self.maxcount or current.nbytes + current.sample_size(members) > self.maxsize
         ):
             self._finish_current()
             current = None
         if current is None:
             url = format_shard_name(self.pattern, self.index)
             self.index += 1
-            current = self._current = TarWriter(
+            kind = RecordWriter if record_format(url) else TarWriter  # .cbors / .mps / .msgpacks: records
+            current = self._current = kind(
                 url, storage_options=self._options, mtime=self._mtime, checksum=self._checksum,
                 temp_tag=self._temp_tag, fsync=self._fsync, threaded=self._threaded,
             )

@@ -17,6 +17,7 @@ import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Literal
 
+from shardflow.storage.locate import Locator, resolve
 from shardflow.storage.paths import Options, protocol
 
 if TYPE_CHECKING:
@@ -114,14 +115,18 @@ def open_read(
     block_size: int | None = None,
     readahead: int | None = None,
     retry: RetryPolicy | None = None,
+    locator: Locator | None = None,
 ) -> BinaryIO:
     """Open a shard for streaming reads. Raises ShardIOError naming the URL when it cannot.
 
     Remote objects come back as a `remote_read.RemoteReader`: ranged reads of `block_size` bytes
     (8 MiB) with `readahead` blocks (1) in flight, transient faults retried per `retry` from the
     offset reached, and an object that changes or shrinks during the read reported as an error.
-    `pipe:` URLs run only when `allow_pipe` (or SHARDFLOW_ALLOW_PIPE) says so.
+    `pipe:` URLs run only when `allow_pipe` (or SHARDFLOW_ALLOW_PIPE) says so. Rewrite rules and a
+    mirror directory (storage.locate: `locator`, else the process's) decide the URL really read;
+    only reads are rewritten.
     """
+    url = locator.resolve(url) if locator is not None else resolve(url)
     request = OpenRequest(url, storage_options, allow_pipe=allow_pipe, block_size=block_size, readahead=readahead,
                           retry=retry)
     return opener(url, "read")(request)

@@ -2,11 +2,14 @@
 
 A spec is a brace pattern (`x-{000000..000554}.tar`, several groups allowed), a glob on any fsspec
 filesystem (`s3://b/train-*.tar`, one listing per pattern), a list of either, `-` for stdin/stdout
-or a `pipe:CMD` URL (taken as it is).
+or a `pipe:CMD` URL (taken as it is). As in webdataset, `a::b` joins the lists of `a` and `b` (an
+fsspec chain such as `simplecache::s3://b/k` stays one URL: a left side that is only a protocol
+name is its first link), and `${VAR}` is replaced by the environment variable VAR (unset: an error).
 """
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, Sequence
 
@@ -31,12 +34,13 @@ def expand(spec: Spec, storage_options: Options = None) -> list[str]:
     Brace groups expand in order; patterns with glob characters are listed once each and sorted.
     A spec with no shards is an error: an empty run is almost always a typo.
     """
-    parts = [spec] if isinstance(spec, str) else list(spec)
+    parts = [p for part in ([spec] if isinstance(spec, str) else list(spec)) for p in split_joined(part)]
     urls: list[str] = []
     for part in parts:
         if part == "-" or part.startswith("pipe:"):
             urls.append(part)
             continue
+        part = expand_vars(part)
         for url in braceexpand.braceexpand(part):
             if GLOB_CHARS & set(_path_part(url)):
                 urls.extend(_glob(url, storage_options))
@@ -45,6 +49,46 @@ def expand(spec: Spec, storage_options: Options = None) -> list[str]:
     if not urls:
         raise ShardIOError(f"spec {spec!r} names no shards")
     return urls
+
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def expand_vars(spec: str) -> str:
+    """`spec` with every `${VAR}` replaced by the environment variable VAR; unset is an error."""
+
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in os.environ:
+            raise ShardIOError(f"spec {spec!r} uses ${{{name}}}, but the environment variable {name} is not set")
+        return os.environ[name]
+
+    return _VAR.sub(value, spec) if "${" in spec else spec
+
+
+def _is_protocol(name: str) -> bool:
+    """Whether `name` is an fsspec protocol (the first links of a chained URL)."""
+    from fsspec.registry import known_implementations, registry
+
+    return name in known_implementations or name in registry
+
+
+def split_joined(spec: str) -> list[str]:
+    """`a::b` -> [a, b] (webdataset's join of spec lists); fsspec chains (`simplecache::s3://b/k`) and
+    `pipe:` commands stay whole."""
+    if "::" not in spec or spec.startswith("pipe:"):
+        return [spec]
+    out: list[str] = []
+    link = ""  # protocol names of an fsspec chain waiting for their URL
+    for piece in spec.split("::"):
+        if _is_protocol(piece):
+            link += piece + "::"
+            continue
+        out.append(link + piece)
+        link = ""
+    if link:
+        out.append(link[:-2])
+    return [p for p in out if p]
 
 
 def _path_part(url: str) -> str:

@@ -1,0 +1,135 @@
+"""RecordWriter: one record-stream shard (`.cbors`, `.mps`, `.msgpacks`), committed atomically with
+a receipt, with the interface of TarWriter so ShardWriter rolls over either kind the same way."""
+
+from __future__ import annotations
+
+from typing import Any, BinaryIO, Callable
+
+from shardflow.errors import SampleError, ShardIOError
+from shardflow.shards.keys import Sample, check_key, split_name
+from shardflow.shards.publish import AtomicOutput, open_atomic
+from shardflow.shards.receipt import ShardInfo
+from shardflow.shards.records import encode_record, record_format
+from shardflow.shards.sinks import HashingSink
+
+BATCH_BYTES = 1 << 20
+
+
+class RecordWriter:
+    """Write samples as concatenated CBOR / MessagePack items into one shard (a URL, committed
+    atomically, or an open binary stream). Values may be bytes or anything the format holds."""
+
+    def __init__(self, target: str | BinaryIO, *, storage_options: dict[str, Any] | None = None,
+                 encoder: Callable[[Sample], Sample] | None = None, fmt: str | None = None,
+                 checksum: str | None = "sha256", temp_tag: str = "", threaded: bool = True,
+                 fsync: bool = True, **_tar_only: Any) -> None:
+        self.url = target if isinstance(target, str) else str(getattr(target, "name", "<stream>"))
+        self.fmt = fmt or record_format(self.url)
+        if self.fmt not in ("cbor", "msgpack"):
+            raise ValueError(f"{self.url!r} is not a record-stream name; pass fmt='cbor' or 'msgpack'")
+        self._atomic: AtomicOutput | None = None
+        out: Any = target
+        if isinstance(target, str):
+            out = self._atomic = open_atomic(target, storage_options, tag=temp_tag, fsync=fsync)
+        self._sink = HashingSink(out, checksum, threaded=threaded)
+        self._encoder = encoder
+        self._pending: tuple[Any, bytes] | None = None  # (members, item) of the last sample_size()
+        self._batch: list[bytes] = []  # items not yet handed to the sink (~1 MiB at a time, like tar)
+        self._batch_bytes = 0
+        self.nsamples = 0
+        self.closed = False
+
+    @property
+    def nbytes(self) -> int:
+        return self._sink.nbytes + self._batch_bytes
+
+    def _flush_batch(self) -> None:
+        if self._batch:
+            batch, self._batch, self._batch_bytes = self._batch, [], 0
+            self._sink.write_parts(batch)
+
+    def _item(self, members: list[tuple[str, bytes]]) -> bytes:
+        if self._pending is not None and self._pending[0] is members:
+            return self._pending[1]
+        key = split_name(members[0][0])[0]
+        skip = len(key) + 1
+        sample: Sample = {"__key__": key}
+        for name, data in members:
+            sample[name[skip:]] = data  # members of one sample: f"{key}.{ext}" (sample_members)
+        return encode_record(sample, self.fmt)  # type: ignore[arg-type]
+
+    def sample_size(self, members: list[tuple[str, bytes]]) -> int:
+        """Bytes `write_members(members)` adds (ShardWriter asks before writing, to roll over)."""
+        item = self._item(members)
+        self._pending = (members, item)
+        return len(item)
+
+    def write(self, sample: Sample) -> int:
+        """Add one sample (its values as they are); returns the bytes it took."""
+        sample = self._encoder(sample) if self._encoder else sample
+        why = check_key(sample.get("__key__"))
+        if why:
+            raise SampleError(why)
+        return self._add(encode_record(sample, self.fmt))  # type: ignore[arg-type]
+
+    def write_members(self, members: list[tuple[str, bytes]]) -> int:
+        """Add one sample given as its (name, bytes) members (what ShardWriter hands over)."""
+        item = self._item(members)
+        self._pending = None
+        return self._add(item)
+
+    def _add(self, item: bytes) -> int:
+        if self.closed:
+            raise ValueError(f"{self.url} is closed")
+        self._batch.append(item)
+        self._batch_bytes += len(item)
+        if self._batch_bytes >= BATCH_BYTES:
+            try:
+                self._flush_batch()
+            except OSError as exc:
+                raise ShardIOError(f"write failed: {exc}", url=self.url) from exc
+        self.nsamples += 1
+        return len(item)
+
+    def close(self) -> ShardInfo:
+        """Flush and commit the shard; returns its receipt."""
+        if self.closed:
+            raise ValueError(f"{self.url} is already closed")
+        try:
+            self._flush_batch()
+            self._sink.drain()
+        except BaseException as exc:
+            self.abort()
+            if isinstance(exc, OSError):
+                raise ShardIOError(f"write failed: {exc}", url=self.url) from exc
+            raise
+        self.closed = True
+        if self._atomic is not None:
+            self._atomic.commit()
+        return ShardInfo(self.url, self.nsamples, self._sink.nbytes, self._sink.hexdigest())
+
+    def abort(self) -> None:
+        """Throw the shard away (nothing appears under its name); safe to call more than once."""
+        if not self.closed:
+            self.closed = True
+            self._batch, self._batch_bytes = [], 0
+            self._sink.drain(discard=True)
+            if self._atomic is not None:
+                self._atomic.abort()
+
+    def __del__(self) -> None:
+        if not getattr(self, "closed", True):
+            try:
+                self.abort()
+            except Exception:  # noqa: BLE001 - never raise from a finaliser
+                pass
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            if not self.closed:
+                self.close()
+        else:
+            self.abort()
