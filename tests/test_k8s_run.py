@@ -97,6 +97,7 @@ def test_truncated_shard_fails_its_index_only(setup, tmp_path):
 
 def test_fatal_exit_fails_the_whole_job(setup, tmp_path):
     manifest, out = setup("k8s")
+    (out / "_shardflow" / "job.json").unlink()  # no job-file source to rebuild from: the pickle is read
     (out / "_shardflow" / "job.pkl").write_bytes(b"not a pickle")
     run = run_indexed_job(manifest, tmp_path / "pods")
     assert run.failed_job and "exited 78" in run.failed_job

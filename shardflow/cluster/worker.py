@@ -16,8 +16,7 @@ import sys
 import time
 from typing import Any, Iterator, TextIO
 
-import cloudpickle
-
+from shardflow.cluster import jobsource
 from shardflow.cluster.contract import (
     EXIT_BAD_INPUT,
     EXIT_CODES,
@@ -79,25 +78,12 @@ def open_run_dir(url: str, storage_options: dict[str, Any] | None) -> tuple[RunD
 
 
 def load_run_job(run_dir: RunDir, *, rebind: bool = False) -> Any:
-    """The pickled job, bound to `run_dir` (the URL this pod reaches it by).
+    """The job (see cluster.jobsource), bound to `run_dir` (the URL this pod reaches it by).
 
     With `rebind`, the run directory is reopened with the job's own storage options for its URL
     (`${VAR}` references resolve in this pod's environment), for workers given no options.
     """
-    try:
-        data = run_dir.read_bytes("job.pkl")
-    except FileNotFoundError as exc:
-        raise WorkerExit(EXIT_STOP, f"no job.pkl in run directory {run_dir.url}") from exc
-    except Exception as exc:  # noqa: BLE001
-        raise WorkerExit(EXIT_RETRY, f"run directory {run_dir.url} unreachable: {type(exc).__name__}: {exc}") from exc
-    try:
-        job = cloudpickle.loads(data)
-    except Exception as exc:  # noqa: BLE001 - a module missing from the image, a version mismatch
-        raise WorkerExit(
-            EXIT_STOP,
-            f"cannot load the job from {run_dir.url}/job.pkl in this image ({type(exc).__name__}: {exc}); "
-            "the image must hold the job's module and the packages it imports",
-        ) from exc
+    job = jobsource.load_job(run_dir)  # from the job file's source, or job.pkl after a version check
     # the pod may reach the run directory by another URL or options than the submitter did
     if rebind:
         try:
