@@ -36,7 +36,7 @@ def setup(tmp_path: Path):
         result = CliRunner().invoke(main, [
             kind, str(job), "--inputs", str(tmp_path / "in" / f"in-{{000000..{SHARDS - 1:06d}}}.tar"),
             "--outputs", f"{out}/{{name}}.tar", "--image", "shardflow:test", "--tasks-per-pod", "2",
-            "--parallelism", "2", "--set", "sleep=0.05", *extra,
+            "--parallelism", "2", "--set", "sleep=0.05", "--pvc", f"data:{tmp_path}", *extra,
         ])
         assert result.exit_code == 0, result.output
         return yaml.safe_load(result.stdout), out

@@ -11,6 +11,7 @@ retryStrategy); see `EXIT_CODES` and docs/kubernetes.md.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import time
@@ -32,6 +33,7 @@ from shardflow.run.report import RunReport, build_report
 from shardflow.run.run_task import run_task
 from shardflow.run.rundir import RunDir, task_name
 from shardflow.run.task import Task, TaskResult
+from shardflow.run.threads import limit_threads
 from shardflow.storage import options as so
 
 
@@ -126,6 +128,8 @@ def _run_chunk(url: str, index: int, tasks_per_index: int, storage_options: dict
     tasks = plan.get("tasks", [])
     chunk = chunk_of(index, tasks_per_index, len(tasks))
     job = load_run_job(run_dir, rebind=storage_options is None)
+    if "OMP_NUM_THREADS" in os.environ:  # the manifest sets it from --cpu: torch follows it too
+        limit_threads()
     results: list[TaskResult] = []
     for task_id in chunk.task_ids:
         task = Task.from_json(tasks[task_id])
