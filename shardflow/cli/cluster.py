@@ -42,13 +42,27 @@ _storage_option = storage_option_flag()
               help="tasks per chunk: index I runs task ids [I*K, (I+1)*K)")
 @click.option("--finalize", is_flag=True, help="rebuild summary.json from the completion markers instead; "
               "exit 0 when every task is done, 65 when the run is incomplete")
+@click.option("--prepare", "prepare_job", metavar="JOBFILE", default=None,
+              help="write the plan of JOBFILE (with --inputs/--outputs/--set) to the run directory instead, from "
+              "inside the cluster (for manifests rendered with --no-prepare); exit 0 written, 75 unreachable, 78 bad")
+@click.option("--inputs", "-i", metavar="SPEC", help="with --prepare: input shards")
+@click.option("--outputs", metavar="SPEC", help="with --prepare: output shards or pattern")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="with --prepare: job option or PARAMS")
+@click.option("--force", is_flag=True, help="with --prepare: replace a different plan")
 @_storage_option
-def worker_command(run_dir: str, index: int | None, tasks_per_index: int, finalize: bool,
+def worker_command(run_dir: str, index: int | None, tasks_per_index: int, finalize: bool, prepare_job: str | None,
+                   inputs: str | None, outputs: str | None, overrides: tuple[str, ...], force: bool,
                    storage_option: tuple[str, ...]) -> None:
     """Run the tasks of one chunk of a planned job (what each pod runs), idempotently."""
     from shardflow.cluster import worker
 
     options = parse_storage_options(storage_option)
+    if prepare_job is not None:
+        from shardflow.cluster.prepare import prepare_in_cluster
+        from shardflow.run.jobfile import parse_overrides
+
+        sys.exit(prepare_in_cluster(prepare_job, run_dir, inputs=inputs, outputs=outputs,
+                                    overrides=parse_overrides(overrides), storage_options=options, force=force))
     if finalize:
         sys.exit(worker.finalize(run_dir, storage_options=options))
     if index is None:

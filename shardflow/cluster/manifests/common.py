@@ -17,6 +17,7 @@ import yaml
 
 from shardflow.cluster.contract import EXIT_BAD_INPUT, EXIT_RETRY, EXIT_STOP, chunk_count
 from shardflow.cluster.manifests import extras
+from shardflow.cluster.prepare import prepare_run_dir
 from shardflow.errors import JobError
 from shardflow.storage import options as so
 
@@ -247,7 +248,7 @@ def from_job(job: "ShardJob", image: str, *, prepare: bool = True, force: bool =
     """
     extras.check_run_dir(job.run_dir, options.get("pvcs", ()))
     if prepare:
-        job.prepare(force=force)
+        prepare_run_dir(job, force=force)  # storage trouble: one line naming the way out (--no-prepare)
     tasks = len(job.plan())
     options.setdefault("name", f"shardflow-{job.name}")
     options.setdefault("fingerprint", extras.run_fingerprint(job))
