@@ -8,12 +8,15 @@ stage, reason) for errors/NNNNNN.jsonl, and the task fails only when too many sa
 from __future__ import annotations
 
 import hashlib
+import os
+import socket
 import sys
 import traceback
 from typing import Any
 
 from shardflow.errors import RAISE, WARN, FailureKind, ShardflowError
 from shardflow.run.stats import Stats
+from shardflow.storage.paths import is_local, local_path
 
 
 class TaskFailed(Exception):
@@ -80,3 +83,16 @@ class SampleFailures:
         (stage, kind), errors = max(counts.items(), key=lambda item: len(item[1]))
         first = errors[0]
         return f"most often at {stage}: {kind} ({len(errors)}x), e.g. key {first['key']!r}: {first['reason']}"
+
+
+def missing_input(url: str, error: BaseException) -> TaskFailed:
+    """The failure of a planned input that is not there: `input` (restore it) when its folder exists on
+    this machine, `io` (retry on another worker or pod) when the folder itself is missing here, as on a
+    worker that lacks the shared filesystem the input lives on."""
+    if is_local(url):
+        folder = os.path.dirname(local_path(url)) or "."
+        if not os.path.isdir(folder):
+            return TaskFailed(f"input shard {url} not visible on this machine ({socket.gethostname()}): no folder "
+                              f"{folder} here; is the filesystem mounted on every worker? ({error})", FailureKind.IO)
+    return TaskFailed(f"input shard missing: {error} (it was planned; restore it, or plan again without it using "
+                      "--force)", FailureKind.INPUT)
