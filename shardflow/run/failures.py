@@ -11,6 +11,7 @@ import hashlib
 import os
 import socket
 import sys
+import sysconfig
 import traceback
 from typing import Any
 
@@ -36,12 +37,14 @@ class SampleFailures:
         self.on_error = on_error
         self.max_failure_rate = max_failure_rate
         self.errors: list[dict[str, Any]] = []
+        self.last_error: BaseException | None = None  # for where a repeated bug is (user_bug)
 
     def record(self, error: BaseException, url: str, key: str | None, where: str) -> None:
         """Log a failed sample; raise instead when the policy says to stop."""
         self.stats.failed += 1
         self.stats.fail_reasons[type(error).__name__] += 1
         self.note(error, url, key, where)
+        self.last_error = error
         if self.on_error == RAISE:
             kind = FailureKind.INPUT if isinstance(error, ShardflowError) else FailureKind.USER
             reason = self.errors[-1]["reason"]
@@ -67,6 +70,9 @@ class SampleFailures:
         stats, rate = self.stats, self.max_failure_rate
         least = min(10, stats.samples_in) if final else 10
         if stats.failed and stats.failed >= least and stats.failed > rate * stats.samples_in:
+            bug = user_bug(self.errors, stats, self.last_error)
+            if bug is not None:  # not bad input: the same bug will fail every task, so the run stops
+                raise TaskFailed(bug, FailureKind.USER)
             raise TaskFailed(
                 f"{stats.failed} of {stats.samples_in} samples failed (more than max_failure_rate={rate}); "
                 f"{self.most_common_error()}; every one is listed in errors/ in the run directory",
@@ -96,3 +102,29 @@ def missing_input(url: str, error: BaseException) -> TaskFailed:
                               f"{folder} here; is the filesystem mounted on every worker? ({error})", FailureKind.IO)
     return TaskFailed(f"input shard missing: {error} (it was planned; restore it, or plan again without it using "
                       "--force)", FailureKind.INPUT)
+
+
+def user_bug(errors: list[dict[str, Any]], stats: Stats, last: BaseException | None = None) -> str | None:
+    """A message when every sample read so far failed in process() with the same exception raised at the same
+    place (one traceback digest): a broken process(), fatal for the run, not bad input; else None."""
+    if not errors or stats.failed < stats.samples_in or stats.failed != len(errors):
+        return None
+    if {e["stage"] for e in errors} != {"process"} or len({(e["type"], e["traceback"]) for e in errors}) != 1:
+        return None
+    first = errors[0]
+    where = _user_frame(last)
+    return (f"process() raised the same {first['type']} on every sample ({stats.failed} of {stats.samples_in})"
+            f"{f' at {where}' if where else ''}, e.g. shard {first['shard']}, key {first['key']!r}: {first['reason']}; "
+            "a bug in the job, not bad input: the run stops (fix it and rerun; every sample is in errors/)")
+
+
+def _user_frame(error: BaseException | None) -> str | None:
+    """'file.py, line N, in fn' of the innermost frame outside shardflow and the installed libraries."""
+    if error is None or error.__traceback__ is None:
+        return None
+    frames = traceback.extract_tb(error.__traceback__)
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../shardflow
+    libraries = {sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")}
+    mine = [f for f in frames if not os.path.abspath(f.filename).startswith((package + os.sep, *libraries))]
+    frame = (mine or frames)[-1] if frames else None
+    return None if frame is None else f"{frame.filename}, line {frame.lineno}, in {frame.name}"
