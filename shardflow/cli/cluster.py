@@ -186,7 +186,8 @@ def _render(kind: str, jobfile: str, inputs: str | None, outputs: str | None, ru
         raise Fail(str(exc.args[0]) if exc.args else repr(exc), EXIT_FAILED) from None
     per = opts.per_pod(kind)
     where = "nothing written (--no-prepare)" if no_prepare else f"plan written to {opts.run_dir}"
-    click.echo(f"shardflow: {opts.tasks} tasks, {opts.indexes(kind)} pods of {per} task(s); {where}", err=True)
+    name = f"Job {opts.job_name}" if kind == "kubernetes" else f"Workflow {opts.name}-*"
+    click.echo(f"shardflow: {name}: {opts.tasks} tasks, {opts.indexes(kind)} pods of {per} task(s); {where}", err=True)
     click.echo(text, nl=False)
 
 
