@@ -106,7 +106,7 @@ def test_threads_follow_the_cpu_request_unless_set(args):
 ])
 def test_bad_flags_are_one_line_errors(args, flag, value, says):
     result = CliRunner().invoke(main, ["k8s", *args, flag, value])
-    assert result.exit_code != 0 and says in result.output, result.output
+    assert result.exit_code == 2 and says in result.output, result.output  # a start error, as for `shardflow run`
     assert "Traceback" not in result.output
 
 
@@ -124,7 +124,7 @@ def test_local_run_dir_needs_a_pvc_covering_it(tmp_path, monkeypatch):
     base = [str(write_job_file(tmp_path)), "--inputs", str(tmp_path / "in" / "in-{000000..000001}.tar"),
             "--outputs", f"{tmp_path}/out/{{name}}.tar", "--image", "img:1"]
     refused = CliRunner().invoke(main, ["k8s", *base])
-    assert refused.exit_code != 0 and "pods do not see" in refused.output and "--pvc" in refused.output
+    assert refused.exit_code == 2 and "pods do not see" in refused.output and "--pvc" in refused.output
     assert not (tmp_path / "out").exists()  # nothing written on the laptop
     other = CliRunner().invoke(main, ["argo", *base, "--pvc", "data:/mnt/elsewhere"])
     assert other.exit_code != 0 and "mounted: /mnt/elsewhere" in other.output

@@ -175,7 +175,7 @@ def test_secrets_never_inline(jobfile):
     assert options == ["client_kwargs.endpoint_url=http://minio:9000", "token=${GCS_TOKEN}", "anon=false"]
     assert "key, secret" in result.stderr and "left out of the manifest" in result.stderr
     refused = CliRunner().invoke(main, ["k8s", str(path), *args, "--image", "i", "--env", "AWS_SECRET_ACCESS_KEY=x"])
-    assert refused.exit_code == 1 and "--secret" in refused.output
+    assert refused.exit_code == 2 and "--secret" in refused.output
 
 
 def test_python_api_gives_the_same_yaml(jobfile, tmp_path):
@@ -194,5 +194,5 @@ def test_unset_variable_is_a_one_line_error(jobfile, monkeypatch):
     path, args = jobfile
     monkeypatch.delenv("SF_UNSET_VARIABLE", raising=False)
     result = CliRunner().invoke(main, ["k8s", str(path), *args, "--image", "i", "-o", "token=${SF_UNSET_VARIABLE}"])
-    assert result.exit_code == 1 and "SF_UNSET_VARIABLE" in result.output
+    assert result.exit_code == 2 and "SF_UNSET_VARIABLE" in result.output
     assert "Traceback" not in result.output

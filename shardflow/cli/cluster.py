@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from shardflow.cli.common import EXIT_FAILED, Fail, parse_storage_options, storage_option_flag
+from shardflow.cli.common import EXIT_ERROR, Fail, parse_storage_options, storage_option_flag
 from shardflow.cluster.contract import EXIT_CODES, EXIT_STOP, INDEX_ENV
 from shardflow.errors import ShardflowError
 from shardflow.storage import options as so
@@ -181,9 +181,9 @@ def _render(kind: str, jobfile: str, inputs: str | None, outputs: str | None, ru
         opts = manifests.from_job(job, image, prepare=not no_prepare, force=force, **cluster)
         text = manifests.render_options(opts, kind)
     except (ShardflowError, ValueError) as exc:
-        raise Fail(so.scrub(str(exc), options), EXIT_FAILED) from None
+        raise Fail(so.scrub(str(exc), options), EXIT_ERROR) from None
     except KeyError as exc:  # a ${VAR} storage option whose variable is not set here
-        raise Fail(str(exc.args[0]) if exc.args else repr(exc), EXIT_FAILED) from None
+        raise Fail(str(exc.args[0]) if exc.args else repr(exc), EXIT_ERROR) from None
     per = opts.per_pod(kind)
     where = "nothing written (--no-prepare)" if no_prepare else f"plan written to {opts.run_dir}"
     name = f"Job {opts.job_name}" if kind == "kubernetes" else f"Workflow {opts.name}-*"
