@@ -70,3 +70,16 @@ def test_dask_stops_after_the_first_such_task(dask_cluster, dask_client, tmp_pat
     assert report.failed and {f["kind"] for f in report.failed.values()} == {"user"}
     assert len(report.failed) < 6 and report.done == 0
     assert "same NameError on every sample (2 of 2)" in next(iter(report.failed.values()))["error"]
+
+
+def test_the_message_escapes_data_for_the_terminal():
+    from shardflow.run.failures import user_bug
+    from shardflow.run.stats import Stats
+
+    stats = Stats()
+    stats.samples_in = stats.failed = 1
+    errors = [{"task": 0, "shard": "/d/\x1b[2Jevil.tar", "key": "k\x07", "stage": "process", "type": "ValueError",
+               "reason": "ValueError: bad \x1b]0;title\x07", "traceback": "abc"}]
+    message = user_bug(errors, stats)
+    assert "\x1b" not in message and "\x07" not in message
+    assert "\\x1b[2Jevil.tar" in message and "bad \\x1b]0;title\\x07" in message

@@ -98,8 +98,9 @@ def missing_input(url: str, error: BaseException) -> TaskFailed:
     if is_local(url):
         folder = os.path.dirname(local_path(url)) or "."
         if not os.path.isdir(folder):
-            return TaskFailed(f"input shard {url} not visible on this machine ({socket.gethostname()}): no folder "
-                              f"{folder} here; is the filesystem mounted on every worker? ({error})", FailureKind.IO)
+            return TaskFailed(f"input shard {_printable(url)} not visible on this machine ({socket.gethostname()}): "
+                              f"no folder {_printable(folder)} here; is the filesystem mounted on every worker? "
+                              f"({_printable(error)})", FailureKind.IO)
     return TaskFailed(f"input shard missing: {error} (it was planned; restore it, or plan again without it using "
                       "--force)", FailureKind.INPUT)
 
@@ -114,7 +115,8 @@ def user_bug(errors: list[dict[str, Any]], stats: Stats, last: BaseException | N
     first = errors[0]
     where = _user_frame(last)
     return (f"process() raised the same {first['type']} on every sample ({stats.failed} of {stats.samples_in})"
-            f"{f' at {where}' if where else ''}, e.g. shard {first['shard']}, key {first['key']!r}: {first['reason']}; "
+            f"{f' at {where}' if where else ''}, e.g. shard {_printable(first['shard'])}, key {first['key']!r}: "
+            f"{_printable(first['reason'])}; "
             "a bug in the job, not bad input: the run stops (fix it and rerun; every sample is in errors/)")
 
 
@@ -128,3 +130,10 @@ def _user_frame(error: BaseException | None) -> str | None:
     mine = [f for f in frames if not os.path.abspath(f.filename).startswith((package + os.sep, *libraries))]
     frame = (mine or frames)[-1] if frames else None
     return None if frame is None else f"{frame.filename}, line {frame.lineno}, in {frame.name}"
+
+
+def _printable(text: Any) -> str:
+    """`text` with control characters escaped (\\x1b...), so data (URLs, messages) cannot drive the terminal.
+    (Local until a shared helper exists in errors/storage.)"""
+    return "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii")
+                   for c in str(text))
