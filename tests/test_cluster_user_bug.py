@@ -83,3 +83,10 @@ def test_the_message_escapes_data_for_the_terminal():
     message = user_bug(errors, stats)
     assert "\x1b" not in message and "\x07" not in message
     assert "\\x1b[2Jevil.tar" in message and "bad \\x1b]0;title\\x07" in message
+
+
+def test_processes_backend_stops_too(tmp_path):
+    job = _job(tmp_path, broken, shards=8, per=2)
+    report = job.run("processes", workers=2, progress=False)
+    assert report.failed and {f["kind"] for f in report.failed.values()} == {"user"}
+    assert len(report.failed) < 8 and report.done == 0  # stopped; the rest never started
