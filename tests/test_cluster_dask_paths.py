@@ -93,3 +93,21 @@ def test_limit_threads_sets_the_variables_and_torch(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env={**env, "OMP_NUM_THREADS": "2"}, capture_output=True,
                          text=True, timeout=120)
     assert out.stdout.split() == ["2", "2", "2"], out.stderr  # what the user (or the manifest) set wins
+
+
+def test_one_probe_per_input_folder_or_bucket(tmp_path, monkeypatch):
+    from shardflow.backends.dask.paths import absolute, absolute_task, input_probes, probe
+    from shardflow.run.task import Task
+
+    monkeypatch.chdir(tmp_path)
+    tasks = [Task(i, (f"a/in-{i}.tar", f"s3://bkt/x/in-{i}.tar", "-"), f"out/{i}.tar", f"out/{i}_{{part}}.tar")
+             for i in range(3)]
+    tasks.append(Task(3, ("/elsewhere/in-3.tar", "gs://other/in-3.tar"), "/o/3.tar", "/o/3_{part}.tar"))
+    probes = input_probes([absolute_task(t) for t in tasks], lambda url: {"anon": True})
+    assert probes == [("dir", str(tmp_path / "a"), None), ("object", "s3://bkt/x/in-0.tar", {"anon": True}),
+                      ("dir", "/elsewhere", None), ("object", "gs://other/in-3.tar", {"anon": True})]
+    assert absolute("pipe:cat x") == "pipe:cat x" and absolute("s3://b/k") == "s3://b/k"
+    assert absolute("file:///abs/x.tar") == "file:///abs/x.tar"
+    (tmp_path / "a").mkdir()
+    assert probe("dir", str(tmp_path / "a"), None) is None
+    assert "no directory /elsewhere on this worker" in probe("dir", "/elsewhere", None)
