@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import kubernetes_validate
@@ -130,7 +131,8 @@ def test_manifest_is_small_for_any_number_of_shards():
 @pytest.fixture
 def jobfile(tmp_path: Path) -> tuple[Path, list[str]]:
     make_shards(tmp_path / "in", 5, 2)
-    args = ["--inputs", str(tmp_path / "in" / "in-{000000..000004}.tar"), "--outputs", f"{tmp_path}/out/{{name}}.tar"]
+    args = ["--inputs", str(tmp_path / "in" / "in-{000000..000004}.tar"), "--outputs", f"{tmp_path}/out/{{name}}.tar",
+            "--pvc", f"data:{tmp_path}"]  # a local run directory only where a volume puts it in the pods too
     return write_job_file(tmp_path), args
 
 
@@ -141,7 +143,7 @@ def test_cli_writes_the_plan_and_prints_a_valid_job(jobfile, tmp_path):
     job = yaml.safe_load(result.stdout)
     kubernetes_validate.validate(job, K8S_VERSIONS[-1], strict=True)
     assert job["spec"]["completions"] == 3
-    assert job["metadata"]["name"] == "shardflow-identity"
+    assert re.fullmatch(r"shardflow-identity-[a-z0-9]{5}", job["metadata"]["name"])  # unique on every render
     assert (tmp_path / "out" / "_shardflow" / "plan.json").exists()
     assert (tmp_path / "out" / "_shardflow" / "job.pkl").exists()
     assert "in-000000" not in result.stdout  # shard URLs stay in the run directory, never in the manifest
@@ -173,7 +175,7 @@ def test_secrets_never_inline(jobfile):
     assert options == ["client_kwargs.endpoint_url=http://minio:9000", "token=${GCS_TOKEN}", "anon=false"]
     assert "key, secret" in result.stderr and "left out of the manifest" in result.stderr
     refused = CliRunner().invoke(main, ["k8s", str(path), *args, "--image", "i", "--env", "AWS_SECRET_ACCESS_KEY=x"])
-    assert refused.exit_code == 1 and "--secret" in refused.output
+    assert refused.exit_code == 2 and "--secret" in refused.output
 
 
 def test_python_api_gives_the_same_yaml(jobfile, tmp_path):
@@ -182,7 +184,9 @@ def test_python_api_gives_the_same_yaml(jobfile, tmp_path):
                                     "--tasks-per-pod", "2", "--secret", "creds", "--cpu", "2"])
     assert cli.exit_code == 0, cli.output
     job = load_job(path, inputs=args[1], outputs=args[3])
-    text = job.to_kubernetes(image="img:1", parallelism=4, tasks_per_pod=2, secrets=["creds"], cpu="2")
+    unique = yaml.safe_load(cli.stdout)["metadata"]["name"].rpartition("-")[2]
+    text = job.to_kubernetes(image="img:1", parallelism=4, tasks_per_pod=2, secrets=["creds"], cpu="2",
+                             pvcs=[("data", str(tmp_path))], unique=unique)
     assert text == cli.stdout
 
 
@@ -190,5 +194,5 @@ def test_unset_variable_is_a_one_line_error(jobfile, monkeypatch):
     path, args = jobfile
     monkeypatch.delenv("SF_UNSET_VARIABLE", raising=False)
     result = CliRunner().invoke(main, ["k8s", str(path), *args, "--image", "i", "-S", "token=${SF_UNSET_VARIABLE}"])
-    assert result.exit_code == 1 and "SF_UNSET_VARIABLE" in result.output
+    assert result.exit_code == 2 and "SF_UNSET_VARIABLE" in result.output
     assert "Traceback" not in result.output

@@ -36,7 +36,7 @@ def setup(tmp_path: Path):
         result = CliRunner().invoke(main, [
             kind, str(job), "--inputs", str(tmp_path / "in" / f"in-{{000000..{SHARDS - 1:06d}}}.tar"),
             "--outputs", f"{out}/{{name}}.tar", "--image", "shardflow:test", "--tasks-per-pod", "2",
-            "--parallelism", "2", "--set", "sleep=0.05", *extra,
+            "--parallelism", "2", "--set", "sleep=0.05", "--pvc", f"data:{tmp_path}", *extra,
         ])
         assert result.exit_code == 0, result.output
         return yaml.safe_load(result.stdout), out
@@ -97,6 +97,7 @@ def test_truncated_shard_fails_its_index_only(setup, tmp_path):
 
 def test_fatal_exit_fails_the_whole_job(setup, tmp_path):
     manifest, out = setup("k8s")
+    (out / "_shardflow" / "job.json").unlink()  # no job-file source to rebuild from: the pickle is read
     (out / "_shardflow" / "job.pkl").write_bytes(b"not a pickle")
     run = run_indexed_job(manifest, tmp_path / "pods")
     assert run.failed_job and "exited 78" in run.failed_job

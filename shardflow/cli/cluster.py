@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from shardflow.cli.common import EXIT_FAILED, Fail, parse_storage_options, storage_option_flag
+from shardflow.cli.common import EXIT_ERROR, Fail, parse_storage_options, storage_option_flag
 from shardflow.cluster.contract import EXIT_CODES, EXIT_STOP, INDEX_ENV
 from shardflow.errors import ShardflowError
 from shardflow.storage import options as so
@@ -42,13 +42,27 @@ _storage_option = storage_option_flag()
               help="tasks per chunk: index I runs task ids [I*K, (I+1)*K)")
 @click.option("--finalize", is_flag=True, help="rebuild summary.json from the completion markers instead; "
               "exit 0 when every task is done, 65 when the run is incomplete")
+@click.option("--prepare", "prepare_job", metavar="JOBFILE", default=None,
+              help="write the plan of JOBFILE (with --inputs/--outputs/--set) to the run directory instead, from "
+              "inside the cluster (for manifests rendered with --no-prepare); exit 0 written, 75 unreachable, 78 bad")
+@click.option("--inputs", "-i", metavar="SPEC", help="with --prepare: input shards")
+@click.option("--outputs", metavar="SPEC", help="with --prepare: output shards or pattern")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="with --prepare: job option or PARAMS")
+@click.option("--force", is_flag=True, help="with --prepare: replace a different plan")
 @_storage_option
-def worker_command(run_dir: str, index: int | None, tasks_per_index: int, finalize: bool,
+def worker_command(run_dir: str, index: int | None, tasks_per_index: int, finalize: bool, prepare_job: str | None,
+                   inputs: str | None, outputs: str | None, overrides: tuple[str, ...], force: bool,
                    storage_option: tuple[str, ...]) -> None:
     """Run the tasks of one chunk of a planned job (what each pod runs), idempotently."""
     from shardflow.cluster import worker
 
     options = parse_storage_options(storage_option)
+    if prepare_job is not None:
+        from shardflow.cluster.prepare import prepare_in_cluster
+        from shardflow.run.jobfile import parse_overrides
+
+        sys.exit(prepare_in_cluster(prepare_job, run_dir, inputs=inputs, outputs=outputs,
+                                    overrides=parse_overrides(overrides), storage_options=options, force=force))
     if finalize:
         sys.exit(worker.finalize(run_dir, storage_options=options))
     if index is None:
@@ -98,9 +112,20 @@ def _cluster_options(fn):
         click.option("--secret", "secrets", multiple=True, metavar="NAME",
                      help="Kubernetes Secret whose keys become env vars (AWS_ACCESS_KEY_ID, ...); repeatable"),
         click.option("--env", "env", multiple=True, metavar="NAME=VALUE", help="plain env var (no secrets)"),
-        click.option("--service-account", help="service account (IRSA / workload identity)"),
+        click.option("--service-account", help="service account of the pods (IRSA / workload identity; Argo: it "
+                     "also needs workflowtaskresults create/patch, see docs/kubernetes.md)"),
         click.option("--image-pull-secret", "pull_secrets", multiple=True, metavar="NAME"),
-        click.option("--node-selector", multiple=True, metavar="KEY=VALUE"),
+        click.option("--node-selector", multiple=True, metavar="KEY=VALUE", help="schedule on nodes with this label"),
+        click.option("--toleration", "tolerations", multiple=True, metavar="KEY[=VALUE][:EFFECT]",
+                     help="tolerate a taint (kubectl taint syntax; no VALUE: any value); repeatable"),
+        click.option("--affinity", metavar="FILE", help="pod affinity from a YAML/JSON file"),
+        click.option("--priority-class", metavar="NAME", help="PriorityClass of the pods"),
+        click.option("--label", "labels", multiple=True, metavar="KEY=VALUE",
+                     help="label on the Job/Workflow and pods"),
+        click.option("--annotation", "annotations", multiple=True, metavar="KEY=VALUE",
+                     help="annotation on the Job/Workflow and pods"),
+        click.option("--secret-file", "secret_files", multiple=True, metavar="NAME:PATH",
+                     help="mount Secret NAME read-only as files under PATH (GCS key files, ...); repeatable"),
         click.option("--pvc", multiple=True, metavar="CLAIM:PATH", help="mount a PersistentVolumeClaim"),
         click.option("--retries", type=click.IntRange(min=0), default=3, show_default=True,
                      help="retries per index (transient failures)"),
@@ -109,12 +134,26 @@ def _cluster_options(fn):
         click.option("--deadline", type=click.IntRange(min=1), default=None, help="activeDeadlineSeconds"),
         click.option("--tmp-size", default="1Gi", show_default=True, help="size of the /tmp emptyDir"),
         click.option("--no-prepare", is_flag=True, help="write nothing to the run directory (tasks counted "
-                     "from the inputs spec); the plan must be written before the pods start"),
+                     "from the inputs spec); the plan must be written before the pods start, e.g. by "
+                     "`shardflow worker --prepare` in the cluster (where only the cluster can write the bucket)"),
         click.option("--force", is_flag=True, help="replace a different plan in the run directory"),
     ]
     for option in reversed(options):
         fn = option(fn)
     return fn
+
+
+def _extras(kw: dict[str, Any]) -> dict[str, Any]:
+    """ClusterOptions from the platform flags (--toleration, --affinity, --label, ...)."""
+    from shardflow.cluster.manifests import extras
+
+    return dict(
+        tolerations=[extras.parse_toleration(t) for t in kw["tolerations"]],
+        affinity=extras.load_affinity(kw["affinity"]) if kw["affinity"] else None,
+        priority_class=kw["priority_class"], labels=dict(_pairs(kw["labels"], "--label")),
+        extra_annotations=dict(_pairs(kw["annotations"], "--annotation")),
+        secret_files=[extras.parse_secret_file(s) for s in kw["secret_files"]],
+    )
 
 
 def _render(kind: str, jobfile: str, inputs: str | None, outputs: str | None, run_dir: str | None,
@@ -133,19 +172,22 @@ def _render(kind: str, jobfile: str, inputs: str | None, outputs: str | None, ru
             env=dict(_pairs(kw["env"], "--env")), service_account=kw["service_account"],
             image_pull_secrets=kw["pull_secrets"], node_selector=dict(_pairs(kw["node_selector"], "--node-selector")),
             pvcs=_pairs(kw["pvc"], "--pvc", ":"), retries=kw["retries"], ttl=kw["ttl"], deadline=kw["deadline"],
-            tmp_size=kw["tmp_size"],
+            tmp_size=kw["tmp_size"], **_extras(kw),
         )
         if kind == "kubernetes":
             cluster["max_failed_indexes"] = kw["max_failed_indexes"]
+        else:
+            cluster["retry_max_duration"] = kw["retry_max_duration"]
         opts = manifests.from_job(job, image, prepare=not no_prepare, force=force, **cluster)
         text = manifests.render_options(opts, kind)
     except (ShardflowError, ValueError) as exc:
-        raise Fail(so.scrub(str(exc), options), EXIT_FAILED) from None
+        raise Fail(so.scrub(str(exc), options), EXIT_ERROR) from None
     except KeyError as exc:  # a ${VAR} storage option whose variable is not set here
-        raise Fail(str(exc.args[0]) if exc.args else repr(exc), EXIT_FAILED) from None
+        raise Fail(str(exc.args[0]) if exc.args else repr(exc), EXIT_ERROR) from None
     per = opts.per_pod(kind)
     where = "nothing written (--no-prepare)" if no_prepare else f"plan written to {opts.run_dir}"
-    click.echo(f"shardflow: {opts.tasks} tasks, {opts.indexes(kind)} pods of {per} task(s); {where}", err=True)
+    name = f"Job {opts.job_name}" if kind == "kubernetes" else f"Workflow {opts.name}-*"
+    click.echo(f"shardflow: {name}: {opts.tasks} tasks, {opts.indexes(kind)} pods of {per} task(s); {where}", err=True)
     click.echo(text, nl=False)
 
 
@@ -160,6 +202,9 @@ def k8s_command(**kw: Any) -> None:
 
 @click.command("argo")
 @_cluster_options
+@click.option("--retry-max-duration", metavar="DURATION", default=None,
+              help="Argo backoff.maxDuration (e.g. 12h); counted from a chunk's FIRST attempt, so a chunk "
+                   "preempted later is never retried [default: none]")
 def argo_command(**kw: Any) -> None:
     """Plan JOBFILE and print an Argo Workflow that runs it (pipe to `argo submit -`)."""
     _render("argo", **kw)

@@ -11,13 +11,13 @@ retryStrategy); see `EXIT_CODES` and docs/kubernetes.md.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import time
 from typing import Any, Iterator, TextIO
 
-import cloudpickle
-
+from shardflow.cluster import jobsource
 from shardflow.cluster.contract import (
     EXIT_BAD_INPUT,
     EXIT_CODES,
@@ -33,6 +33,7 @@ from shardflow.run.report import RunReport, build_report
 from shardflow.run.run_task import run_task
 from shardflow.run.rundir import RunDir, task_name
 from shardflow.run.task import Task, TaskResult
+from shardflow.run.threads import limit_threads
 from shardflow.storage import options as so
 
 
@@ -79,25 +80,12 @@ def open_run_dir(url: str, storage_options: dict[str, Any] | None) -> tuple[RunD
 
 
 def load_run_job(run_dir: RunDir, *, rebind: bool = False) -> Any:
-    """The pickled job, bound to `run_dir` (the URL this pod reaches it by).
+    """The job (see cluster.jobsource), bound to `run_dir` (the URL this pod reaches it by).
 
     With `rebind`, the run directory is reopened with the job's own storage options for its URL
     (`${VAR}` references resolve in this pod's environment), for workers given no options.
     """
-    try:
-        data = run_dir.read_bytes("job.pkl")
-    except FileNotFoundError as exc:
-        raise WorkerExit(EXIT_STOP, f"no job.pkl in run directory {run_dir.url}") from exc
-    except Exception as exc:  # noqa: BLE001
-        raise WorkerExit(EXIT_RETRY, f"run directory {run_dir.url} unreachable: {type(exc).__name__}: {exc}") from exc
-    try:
-        job = cloudpickle.loads(data)
-    except Exception as exc:  # noqa: BLE001 - a module missing from the image, a version mismatch
-        raise WorkerExit(
-            EXIT_STOP,
-            f"cannot load the job from {run_dir.url}/job.pkl in this image ({type(exc).__name__}: {exc}); "
-            "the image must hold the job's module and the packages it imports",
-        ) from exc
+    job = jobsource.load_job(run_dir)  # from the job file's source, or job.pkl after a version check
     # the pod may reach the run directory by another URL or options than the submitter did
     if rebind:
         try:
@@ -140,6 +128,8 @@ def _run_chunk(url: str, index: int, tasks_per_index: int, storage_options: dict
     tasks = plan.get("tasks", [])
     chunk = chunk_of(index, tasks_per_index, len(tasks))
     job = load_run_job(run_dir, rebind=storage_options is None)
+    if "OMP_NUM_THREADS" in os.environ:  # the manifest sets it from --cpu: torch follows it too
+        limit_threads()
     results: list[TaskResult] = []
     for task_id in chunk.task_ids:
         task = Task.from_json(tasks[task_id])

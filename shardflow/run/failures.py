@@ -8,7 +8,10 @@ stage, reason) for errors/NNNNNN.jsonl, and the task fails only when too many sa
 from __future__ import annotations
 
 import hashlib
+import os
+import socket
 import sys
+import sysconfig
 import traceback
 from collections import Counter
 from typing import Any
@@ -16,6 +19,7 @@ from typing import Any
 from shardflow.errors import RAISE, WARN, FailureKind, ShardflowError
 from shardflow.run.stats import Stats
 from shardflow.run.tracebacks import TRACES_PER_DIGEST, format_trace
+from shardflow.storage.paths import is_local, local_path
 
 
 class TaskFailed(Exception):
@@ -38,6 +42,7 @@ class SampleFailures:
         self.debug = debug  # --debug: the first failure raises the original exception, traceback intact
         self.errors: list[dict[str, Any]] = []
         self.traces: Counter = Counter()  # digest -> full tracebacks kept so far
+        self.last_error: BaseException | None = None  # for where a repeated bug is (user_bug)
 
     def record(self, error: BaseException, url: str, key: str | None, where: str) -> None:
         """Log a failed sample; raise instead when the policy says to stop."""
@@ -46,6 +51,7 @@ class SampleFailures:
         self.stats.failed += 1
         self.stats.fail_reasons[type(error).__name__] += 1
         self.note(error, url, key, where)
+        self.last_error = error
         if self.on_error == RAISE:
             kind = FailureKind.INPUT if isinstance(error, ShardflowError) else FailureKind.USER
             reason = self.errors[-1]["reason"]
@@ -73,6 +79,9 @@ class SampleFailures:
         stats, rate = self.stats, self.max_failure_rate
         least = min(10, stats.samples_in) if final else 10
         if stats.failed and stats.failed >= least and stats.failed > rate * stats.samples_in:
+            bug = user_bug(self.errors, stats, self.last_error)
+            if bug is not None:  # not bad input: the same bug will fail every task, so the run stops
+                raise TaskFailed(bug, FailureKind.USER)
             raise TaskFailed(
                 f"{stats.failed} of {stats.samples_in} samples failed (more than max_failure_rate={rate}); "
                 f"{self.most_common_error()}; every one is listed in errors/ in the run directory",
@@ -89,3 +98,51 @@ class SampleFailures:
         (stage, kind), errors = max(counts.items(), key=lambda item: len(item[1]))
         first = errors[0]
         return f"most often at {stage}: {kind} ({len(errors)}x), e.g. key {first['key']!r}: {first['reason']}"
+
+
+def missing_input(url: str, error: BaseException) -> TaskFailed:
+    """The failure of a planned input that is not there: `input` (restore it) when its folder exists on
+    this machine, `io` (retry on another worker or pod) when the folder itself is missing here, as on a
+    worker that lacks the shared filesystem the input lives on."""
+    if is_local(url):
+        folder = os.path.dirname(local_path(url)) or "."
+        if not os.path.isdir(folder):
+            return TaskFailed(f"input shard {_printable(url)} not visible on this machine ({socket.gethostname()}): "
+                              f"no folder {_printable(folder)} here; is the filesystem mounted on every worker? "
+                              f"({_printable(error)})", FailureKind.IO)
+    return TaskFailed(f"input shard missing: {error} (it was planned; restore it, or plan again without it using "
+                      "--force)", FailureKind.INPUT)
+
+
+def user_bug(errors: list[dict[str, Any]], stats: Stats, last: BaseException | None = None) -> str | None:
+    """A message when every sample read so far failed in process() with the same exception raised at the same
+    place (one traceback digest): a broken process(), fatal for the run, not bad input; else None."""
+    if not errors or stats.failed < stats.samples_in or stats.failed != len(errors):
+        return None
+    if {e["stage"] for e in errors} != {"process"} or len({(e["type"], e["traceback"]) for e in errors}) != 1:
+        return None
+    first = errors[0]
+    where = _user_frame(last)
+    return (f"process() raised the same {first['type']} on every sample ({stats.failed} of {stats.samples_in})"
+            f"{f' at {where}' if where else ''}, e.g. shard {_printable(first['shard'])}, key {first['key']!r}: "
+            f"{_printable(first['reason'])}; "
+            "a bug in the job, not bad input: the run stops (fix it and rerun; every sample is in errors/)")
+
+
+def _user_frame(error: BaseException | None) -> str | None:
+    """'file.py, line N, in fn' of the innermost frame outside shardflow and the installed libraries."""
+    if error is None or error.__traceback__ is None:
+        return None
+    frames = traceback.extract_tb(error.__traceback__)
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../shardflow
+    libraries = {sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")}
+    mine = [f for f in frames if not os.path.abspath(f.filename).startswith((package + os.sep, *libraries))]
+    frame = (mine or frames)[-1] if frames else None
+    return None if frame is None else f"{frame.filename}, line {frame.lineno}, in {frame.name}"
+
+
+def _printable(text: Any) -> str:
+    """`text` with control characters escaped (\\x1b...), so data (URLs, messages) cannot drive the terminal.
+    (Local until a shared helper exists in errors/storage.)"""
+    return "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii")
+                   for c in str(text))

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from shardflow.errors import RAISE, SKIP, FailureKind, FormatError, SampleError, ShardflowError, ShardIOError
 from shardflow.run.context import TaskContext
-from shardflow.run.failures import SampleFailures, TaskFailed
+from shardflow.run.failures import SampleFailures, TaskFailed, missing_input
 from shardflow.run.process import SampleProcessor
 from shardflow.run.seeds import job_seed
 from shardflow.run.stats import Stats
@@ -159,7 +159,7 @@ def _open_input(url: str, context: TaskContext, failures: SampleFailures) -> Any
     except ShardIOError as exc:
         if isinstance(exc.__cause__, _MISSING):
             failures.note(exc, url, None, "open")
-            # retrying cannot bring it back: fail now, without the backoff of I/O retries
-            raise TaskFailed(f"input shard missing: {exc} (it was planned; restore it, or plan "
-                             "again without it using --force)", FailureKind.INPUT) from exc
+            # retrying cannot bring it back: fail now, without the backoff of I/O retries (unless this
+            # machine does not see the input's folder at all: then another worker may, kind io)
+            raise missing_input(url, exc) from exc
         raise

@@ -4,6 +4,7 @@ Layout (a local path or any fsspec URL; default `<directory of the outputs>/_sha
 
     plan.json              the tasks, written once up front, with a fingerprint
     job.pkl                the job (cloudpickle), so Dask workers and pods can rebuild it
+    job.json               versions that wrote job.pkl, and a job file's source (run.jobrecord)
     done/000017.json       completion marker of task 17: outputs + stats; written LAST
     failed/000017.json     why task 17 failed last time (removed when it later succeeds)
     errors/000017.jsonl    one line per dropped/failed sample of task 17
@@ -24,6 +25,7 @@ from typing import Any, Iterable
 import cloudpickle
 
 from shardflow.errors import JobError
+from shardflow.run.jobrecord import RECORD, job_record
 from shardflow.run.task import Task, TaskResult
 from shardflow.storage.atomic import is_temp_name, write_local_atomic
 from shardflow.storage.options import redact, strip_redacted
@@ -168,6 +170,7 @@ class RunDir:
         stored = copy.copy(job)
         stored.storage_options = strip_redacted(redact(job.storage_options))
         self.write_bytes("job.pkl", cloudpickle.dumps(stored))
+        self.write_json(RECORD, job_record(stored))  # versions (checked before unpickling), job-file source
 
     # -- task state ----------------------------------------------------------------------------
     def done_ids(self) -> set[int]:

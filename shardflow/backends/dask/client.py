@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 import os
@@ -14,6 +15,7 @@ from concurrent.futures import CancelledError as _FuturesCancelledError
 from typing import TYPE_CHECKING, Any, Iterator
 
 from shardflow.backends.dask.on_worker import run_on_worker, worker_check
+from shardflow.backends.dask.paths import absolute, absolute_task, input_probes
 from shardflow.backends.dask.wire import dumps_job, missing_module_message
 from shardflow.errors import FailureKind, JobError
 from shardflow.run.progress import Progress
@@ -80,15 +82,15 @@ def _print_dashboard(client: Any) -> None:
         print("shardflow: no Dask dashboard (pip install bokeh on the scheduler to get one)", file=sys.stderr)
 
 
-def _preflight(client: Any, job: "ShardJob") -> None:
-    """Fail early, and clearly, when workers cannot import shardflow or see a local run directory."""
+def _preflight(client: Any, job: "ShardJob", tasks: list[Task]) -> None:
+    """Fail early, and clearly, when workers cannot import shardflow or see the run directory or inputs."""
     from shardflow import __version__
     from shardflow.storage.paths import is_local, local_path
 
     local = is_local(job.run_dir)
     path = os.path.abspath(local_path(job.run_dir)) if local else None
     try:
-        answers = client.run(worker_check, path, on_error="return")
+        answers = client.run(worker_check, path, input_probes(tasks, job.options_for), on_error="return")
     except Exception:  # noqa: BLE001 - a preflight that cannot run must not stop a run that could
         return
     blind = []
@@ -99,6 +101,10 @@ def _preflight(client: Any, job: "ShardJob") -> None:
             continue
         if answer.get("sees_run_dir") is False:
             blind.append(worker)
+        if answer.get("blind_inputs"):
+            raise JobError(f"Dask worker {worker} cannot see the inputs ({'; '.join(answer['blind_inputs'][:3])}): "
+                           "put them on storage every worker reaches (s3://, gs://, or a shared filesystem mounted "
+                           "at the same path), and give the workers its credentials")
         if answer.get("shardflow") != __version__:
             print(f"shardflow: warning: worker {worker} has shardflow {answer.get('shardflow')}, "
                   f"this client {__version__}", file=sys.stderr)
@@ -108,6 +114,18 @@ def _preflight(client: Any, job: "ShardJob") -> None:
             f"run directory {job.run_dir}: put the run directory and the outputs on storage every worker reaches "
             f"(s3://, gs://, or a shared filesystem mounted at the same path), e.g. run_dir='s3://bucket/run'"
         )
+
+
+def _absolute_run_dir(job: "ShardJob") -> "ShardJob":
+    """The job (a copy) bound to its run directory's absolute path, when that is a relative local path."""
+    url = absolute(job.run_dir)
+    if url == job.run_dir:
+        return job
+    from shardflow.run.rundir import RunDir
+
+    job = copy.copy(job)
+    job.bind_run_dir(RunDir(url, job.options_for(url)))
+    return job
 
 
 def _cluster_threads(client: Any) -> int:
@@ -149,13 +167,15 @@ def execute_dask(job: "ShardJob", tasks: list[Task], progress: Progress, *, addr
     if workers is not None and (address is not None or client is not None):
         print(f"shardflow: workers={workers} ignored: it sizes a LocalCluster, and this run uses the cluster at "
               f"{address or 'the given client'}", file=sys.stderr)
+    tasks = [absolute_task(t) for t in tasks]  # workers resolve relative paths in THEIR working directory
+    job = _absolute_run_dir(job)
     own_client = client is None
     client, cluster, scheduler = _connect(address, client, workers, threads_per_worker, dashboard_address,
                                           connect_timeout)
     run = _DaskRun(job, tasks, progress, client, scheduler, max_in_flight)
     try:
         _print_dashboard(client)
-        _preflight(client, job)
+        _preflight(client, job, tasks)
         run.publish_job()
         yield from run.results()
     finally:

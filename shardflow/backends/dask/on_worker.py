@@ -14,10 +14,12 @@ from typing import Any, Callable, Iterator
 
 import cloudpickle
 
+from shardflow.backends.dask.paths import probe
 from shardflow.backends.dask.wire import missing_module_message
 from shardflow.errors import FailureKind
 from shardflow.run.run_task import run_task
 from shardflow.run.task import Task, TaskResult
+from shardflow.run.threads import limit_threads, usable_cpus
 
 
 class _MissingModule(BaseException):
@@ -69,6 +71,7 @@ def _fetch_job(token: str, variable: str) -> Any:
             from distributed import Variable, get_client
 
             blob = Variable(variable, client=get_client()).get(timeout=120)
+            _limit_threads()  # before the job's modules (torch) load: they read the variables
             job = cloudpickle.loads(blob)
             job.fn = _ImportGuard(job.fn)
             _worker_jobs.clear()  # keep only the current run's job
@@ -157,9 +160,22 @@ def _run(task: Task, token: str, variable: str, topic: str) -> TaskResult:
         return TaskResult.failed(task.id, "cancelled: the run was stopped", FailureKind.IO)
 
 
-def worker_check(run_dir_path: str | None) -> dict[str, Any]:
-    """Preflight on each worker: can it see the run directory; which shardflow does it have."""
+def worker_check(run_dir_path: str | None, probes: list[tuple[str, str, Any]] = ()) -> dict[str, Any]:
+    """Preflight on each worker: can it see the run directory and the inputs; which shardflow it has."""
     from shardflow import __version__
 
     seen = None if run_dir_path is None else os.path.exists(os.path.join(run_dir_path, "plan.json"))
-    return {"sees_run_dir": seen, "shardflow": __version__, "python": sys.version.split()[0]}
+    blind = [why for why in (probe(*p) for p in probes) if why is not None]
+    return {"sees_run_dir": seen, "blind_inputs": blind, "shardflow": __version__, "python": sys.version.split()[0]}
+
+
+def _limit_threads() -> None:
+    """Intra-op threads of this worker's tasks: OMP_NUM_THREADS when set (the nanny sets 1), else the
+    worker's cores shared among its task threads, so N threads x M cores never run N x M threads."""
+    try:
+        from distributed import get_worker
+
+        nthreads = max(1, int(get_worker().state.nthreads))
+    except Exception:  # noqa: BLE001 - not in a worker (tests calling this directly)
+        nthreads = 1
+    limit_threads(max(1, usable_cpus() // nthreads))

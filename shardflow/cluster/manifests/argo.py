@@ -18,6 +18,7 @@ from shardflow.cluster.manifests.common import (
     ClusterOptions,
     container,
     pod_extras,
+    pod_metadata,
     pod_security,
     storage_args,
     volumes,
@@ -32,13 +33,14 @@ RETRY_EXPRESSION = (f"lastRetry.status == 'Error' || "
 FINALIZE_RETRY_EXPRESSION = f"lastRetry.status == 'Error' || asInt(lastRetry.exitCode) == {EXIT_RETRY}"
 
 
-def retry_strategy(limit: int, expression: str) -> dict[str, Any]:
-    return {
-        "limit": str(limit),
-        "retryPolicy": "Always",
-        "expression": expression,
-        "backoff": {"duration": "30s", "factor": "2", "maxDuration": "30m"},
-    }
+def retry_strategy(limit: int, expression: str, max_duration: str | None = None) -> dict[str, Any]:
+    """Up to `limit` retries, 30 s apart doubling each time. Argo counts backoff.maxDuration from the
+    node's FIRST attempt, so a chunk preempted after longer than that would never be retried: no
+    maxDuration unless one is asked for (`--retry-max-duration`)."""
+    backoff = {"duration": "30s", "factor": "2"}
+    if max_duration:
+        backoff["maxDuration"] = max_duration
+    return {"limit": str(limit), "retryPolicy": "Always", "expression": expression, "backoff": backoff}
 
 
 def workflow_manifest(opts: ClusterOptions) -> dict[str, Any]:
@@ -51,12 +53,14 @@ def workflow_manifest(opts: ClusterOptions) -> dict[str, Any]:
     metadata["labels"] = labels
     metadata["annotations"] = opts.annotations(KIND)
     spec: dict[str, Any] = {"entrypoint": "main", **pod_extras(opts)}
+    if "priorityClassName" in spec:  # a Workflow names the pods' priority class so
+        spec["podPriorityClassName"] = spec.pop("priorityClassName")
     if opts.deadline:
         spec["activeDeadlineSeconds"] = opts.deadline
     spec.update({
         "podGC": {"strategy": "OnPodSuccess"},  # failed pods stay for their logs until the TTL
         "ttlStrategy": {"secondsAfterCompletion": opts.ttl},
-        "podMetadata": {"labels": labels},
+        "podMetadata": pod_metadata(opts),
         "securityContext": pod_security(),
         "volumes": volumes(opts),
     })
@@ -71,7 +75,9 @@ def workflow_manifest(opts: ClusterOptions) -> dict[str, Any]:
                     "template": "chunk",
                     "arguments": {"parameters": [{"name": "index", "value": "{{item}}"}]},
                     "withSequence": {"count": str(count)},
-                    "continueOn": {"failed": True},  # the summary step still runs and tells what failed
+                    # a failed item (exit code) or an errored one (pod evicted, deleted, node lost) must not
+                    # stop the step group: the summary step still runs and tells what failed
+                    "continueOn": {"failed": True, "error": True},
                 }],
                 [{"name": "summary", "template": "finalize"}],
             ],
@@ -79,12 +85,12 @@ def workflow_manifest(opts: ClusterOptions) -> dict[str, Any]:
         {
             "name": "chunk",
             "inputs": {"parameters": [{"name": "index"}]},
-            "retryStrategy": retry_strategy(opts.retries, RETRY_EXPRESSION),
+            "retryStrategy": retry_strategy(opts.retries, RETRY_EXPRESSION, opts.retry_max_duration),
             "container": container(opts, [*worker, "--index", "{{inputs.parameters.index}}"]),
         },
         {
             "name": "finalize",
-            "retryStrategy": retry_strategy(opts.retries, FINALIZE_RETRY_EXPRESSION),
+            "retryStrategy": retry_strategy(opts.retries, FINALIZE_RETRY_EXPRESSION, opts.retry_max_duration),
             "container": container(opts, ["worker", "--run-dir", opts.run_dir, "--finalize", *storage_args(opts)]),
         },
     ]

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import yaml
 
 from shardflow.cluster.contract import EXIT_BAD_INPUT, EXIT_RETRY, EXIT_STOP, chunk_count
+from shardflow.cluster.manifests import extras
+from shardflow.cluster.prepare import prepare_run_dir
 from shardflow.errors import JobError
 from shardflow.storage import options as so
 
@@ -57,6 +59,15 @@ class ClusterOptions:
     deadline: int | None = None  # activeDeadlineSeconds of the whole run
     tmp_size: str = "1Gi"
     labels: Mapping[str, str] = field(default_factory=dict)
+    # added by platform teams (see extras.py; the CLI's --toleration, --affinity, ... parse into these)
+    extra_annotations: Mapping[str, str] = field(default_factory=dict)
+    tolerations: Sequence[Mapping[str, Any]] = ()
+    affinity: Mapping[str, Any] | None = None
+    priority_class: str | None = None
+    secret_files: Sequence[tuple[str, str]] = ()  # (Secret name, mount path): keys become files there
+    fingerprint: str | None = None  # label naming what the run computes (extras.run_fingerprint)
+    unique: str = ""  # suffix of the Kubernetes Job name, new on every render, so reruns never collide
+    retry_max_duration: str | None = None  # Argo backoff.maxDuration (counted from the FIRST attempt)
 
     def __post_init__(self) -> None:
         if self.tasks < 1:
@@ -70,6 +81,14 @@ class ClusterOptions:
             if so.is_secret_name(key):
                 raise JobError(f"env {key} looks like a secret: put it in a Kubernetes Secret and pass --secret NAME")
         self.name = k8s_name(self.name)
+        extras.check_labels(self.labels)
+        for key in self.extra_annotations:
+            extras.check_label_key(key, "annotation")
+
+    @property
+    def job_name(self) -> str:
+        """The Kubernetes Job's name: `name-unique` (a rerun renders a new one), or `name`."""
+        return f"{self.name}-{self.unique}" if self.unique else self.name
 
     def per_pod(self, kind: str) -> int:
         """Tasks per index: as given, else the fewest that keep the index count under AUTO_INDEXES."""
@@ -88,6 +107,7 @@ class ClusterOptions:
             "app.kubernetes.io/instance": self.name,
             "app.kubernetes.io/component": "worker",
             "app.kubernetes.io/managed-by": "shardflow",
+            **({extras.FINGERPRINT_LABEL: self.fingerprint} if self.fingerprint else {}),
             **self.labels,
         }
 
@@ -96,6 +116,7 @@ class ClusterOptions:
             "shardflow/run-dir": self.run_dir,
             "shardflow/tasks": str(self.tasks),
             "shardflow/tasks-per-index": str(self.per_pod(kind)),
+            **self.extra_annotations,
         }
 
 
@@ -118,6 +139,7 @@ def storage_args(opts: ClusterOptions) -> list[str]:
 
 def container(opts: ClusterOptions, args: list[str]) -> dict[str, Any]:
     env = [{"name": "HOME", "value": "/tmp"}, {"name": "PYTHONUNBUFFERED", "value": "1"}]
+    env += extras.thread_env(opts)
     env += [{"name": k, "value": str(v)} for k, v in sorted(opts.env.items())]
     spec: dict[str, Any] = {
         "name": CONTAINER,
@@ -138,7 +160,7 @@ def container(opts: ClusterOptions, args: list[str]) -> dict[str, Any]:
     }
     mounts = [{"name": "tmp", "mountPath": "/tmp"}]
     mounts += [{"name": f"data-{i}", "mountPath": path} for i, (_, path) in enumerate(opts.pvcs)]
-    spec["volumeMounts"] = mounts
+    spec["volumeMounts"] = mounts + extras.secret_file_mounts(opts)
     return spec
 
 
@@ -156,11 +178,19 @@ def volumes(opts: ClusterOptions) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {"sizeLimit": opts.tmp_size}}]
     for i, (claim, _) in enumerate(opts.pvcs):
         out.append({"name": f"data-{i}", "persistentVolumeClaim": {"claimName": claim}})
+    return out + extras.secret_file_volumes(opts)
+
+
+def pod_metadata(opts: ClusterOptions) -> dict[str, Any]:
+    """Labels (and the user's annotations) of every pod."""
+    out: dict[str, Any] = {"labels": opts.all_labels()}
+    if opts.extra_annotations:
+        out["annotations"] = dict(opts.extra_annotations)
     return out
 
 
 def pod_extras(opts: ClusterOptions) -> dict[str, Any]:
-    """Optional pod-spec fields (service account, pull secrets, node selector) when given."""
+    """Optional pod-spec fields (service account, pull secrets, node selector, scheduling) when given."""
     out: dict[str, Any] = {}
     if opts.service_account:
         out["serviceAccountName"] = opts.service_account
@@ -168,7 +198,7 @@ def pod_extras(opts: ClusterOptions) -> dict[str, Any]:
         out["imagePullSecrets"] = [{"name": s} for s in opts.image_pull_secrets]
     if opts.node_selector:
         out["nodeSelector"] = dict(sorted(opts.node_selector.items()))
-    return out
+    return {**out, **extras.scheduling(opts)}
 
 
 # -- from a job -----------------------------------------------------------------------------------
@@ -214,12 +244,15 @@ def from_job(job: "ShardJob", image: str, *, prepare: bool = True, force: bool =
     """ClusterOptions for `job`; with `prepare`, the plan and job.pkl are written to its run dir first.
 
     Without `prepare` nothing is written: the task count comes from the inputs spec (brace patterns
-    need no storage access; globs are listed once).
+    need no storage access; globs are listed once). A run directory the pods cannot see is refused.
     """
+    extras.check_run_dir(job.run_dir, options.get("pvcs", ()))
     if prepare:
-        job.prepare(force=force)
+        prepare_run_dir(job, force=force)  # storage trouble: one line naming the way out (--no-prepare)
     tasks = len(job.plan())
     options.setdefault("name", f"shardflow-{job.name}")
+    options.setdefault("fingerprint", extras.run_fingerprint(job))
+    options.setdefault("unique", extras.unique_suffix())
     if "storage_options" not in options:
         options["storage_options"] = worker_storage_options(job, job.run_dir)
     return ClusterOptions(image=image, run_dir=job.run_dir, tasks=tasks, **options)

@@ -21,7 +21,7 @@ OUTPUTS = "s3://my-bucket/imagenet-aug/{name}.tar"
 RUN_DIR = "s3://my-bucket/imagenet-aug/_shardflow"
 IMAGE = "ghcr.io/example/shardflow:0.1.0-torch"
 OPTIONS = dict(name="shardflow-augment", namespace="shardflow", parallelism=32, tasks_per_pod=4, cpu="2",
-               memory="4Gi", secrets=("shardflow-s3",))
+               memory="4Gi", secrets=("shardflow-s3",), unique="")  # yours: a new name suffix on every render
 COMMAND = (
     "shardflow CMD jobs/augment.py --inputs '" + INPUTS + "' --outputs '" + OUTPUTS + "' --run-dir " + RUN_DIR
     + " --image " + IMAGE + " --name shardflow-augment --namespace shardflow --parallelism 32 --tasks-per-pod 4"

@@ -17,6 +17,7 @@ from shardflow.cluster.manifests.common import (
     ClusterOptions,
     container,
     pod_extras,
+    pod_metadata,
     pod_security,
     volumes,
     worker_args,
@@ -46,7 +47,7 @@ def job_manifest(opts: ClusterOptions) -> dict[str, Any]:
         max_failed = max(1, completions // 10)
     max_failed = min(max_failed, completions, 10_000)
     labels = opts.all_labels()
-    metadata: dict[str, Any] = {"name": opts.name}
+    metadata: dict[str, Any] = {"name": opts.job_name}
     if opts.namespace:
         metadata["namespace"] = opts.namespace
     metadata["labels"] = labels
@@ -72,5 +73,5 @@ def job_manifest(opts: ClusterOptions) -> dict[str, Any]:
         "containers": [container(opts, worker_args(opts, KIND))],
         "volumes": volumes(opts),
     }
-    spec["template"] = {"metadata": {"labels": labels}, "spec": pod}
+    spec["template"] = {"metadata": pod_metadata(opts), "spec": pod}
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": spec}
