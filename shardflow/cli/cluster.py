@@ -46,7 +46,7 @@ _storage_option = storage_option_flag()
               help="write the plan of JOBFILE (with --inputs/--outputs/--set) to the run directory instead, from "
               "inside the cluster (for manifests rendered with --no-prepare); exit 0 written, 75 unreachable, 78 bad")
 @click.option("--inputs", "-i", metavar="SPEC", help="with --prepare: input shards")
-@click.option("--outputs", metavar="SPEC", help="with --prepare: output shards or pattern")
+@click.option("--outputs", "-o", metavar="SPEC", help="with --prepare: output shards or pattern")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="with --prepare: job option or PARAMS")
 @click.option("--force", is_flag=True, help="with --prepare: replace a different plan")
 @_storage_option
@@ -95,7 +95,7 @@ def _cluster_options(fn):
     options = [
         click.argument("jobfile"),
         click.option("--inputs", "-i", metavar="SPEC", help="input shards (brace pattern, glob, list)"),
-        click.option("--outputs", metavar="SPEC", help="output shards or pattern ({task}, {name}, {part})"),
+        click.option("--outputs", "-o", metavar="SPEC", help="output shards or pattern ({task}, {name}, {part})"),
         click.option("--run-dir", metavar="URL", help="run directory the pods share [default: _shardflow beside "
                      "the outputs]"),
         click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="job option or PARAMS value"),

@@ -28,6 +28,7 @@ from shardflow.cluster.contract import (
     chunk_of,
     exit_code,
 )
+from shardflow.cluster.heartbeat import ChunkHeartbeat
 from shardflow.errors import JobError
 from shardflow.run.report import RunReport, build_report
 from shardflow.run.run_task import run_task
@@ -131,13 +132,17 @@ def _run_chunk(url: str, index: int, tasks_per_index: int, storage_options: dict
     if "OMP_NUM_THREADS" in os.environ:  # the manifest sets it from --cpu: torch follows it too
         limit_threads()
     results: list[TaskResult] = []
+    beat = ChunkHeartbeat(index, len(chunk.task_ids), _log, out)
     for task_id in chunk.task_ids:
         task = Task.from_json(tasks[task_id])
+        beat.start_task(task.id)
         try:
-            result = run_task(task, job)  # records task failures itself; what escapes is run-dir trouble
+            # records task failures itself; what escapes is run-dir trouble
+            result = run_task(task, job, progress=beat)
         except Exception as exc:  # noqa: BLE001 - the run directory went away mid-chunk
             raise WorkerExit(EXIT_RETRY, f"task {task.id}: {type(exc).__name__}: {exc}") from exc
         results.append(result)
+        beat.end_task()
         line = f"task {task.id}: {result.status}"
         if result.status == "failed":
             line += f" [{result.kind}] {result.error}"
