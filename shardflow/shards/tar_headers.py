@@ -97,6 +97,14 @@ def clean_name(raw: str) -> str | None:
     return raw
 
 
+class CutHeader(FormatError):
+    """A truncation inside a header. `next_name`: the name field of that header when it was read
+    whole and the header is a regular file's, so sample grouping can tell whether the sample in
+    progress ended before the cut (its key differs) and is whole."""
+
+    next_name: str | None = None
+
+
 def truncated_header(header: bytes, offset: int, url: str) -> FormatError:
     """The error for a header block cut short at `offset` (an empty file, a non-tar, a truncation)."""
     if offset == 0:
@@ -107,4 +115,7 @@ def truncated_header(header: bytes, offset: int, url: str) -> FormatError:
         reason = "truncated tar: stream ended without the end-of-archive marker"
     else:
         reason = f"truncated tar: header needs {BLOCK} bytes, got {len(header)}"
-    return FormatError(reason, url=url, offset=offset)
+    error = CutHeader(reason, url=url, offset=offset)
+    if len(header) > 156 and header[156:157] in REGULAR and b"\0" in header[:100]:
+        error.next_name = cstring(header[:100]).decode("utf-8", "surrogateescape")
+    return error
