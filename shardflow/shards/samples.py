@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from typing import Any, BinaryIO, Callable, Iterable, Iterator
 
-from shardflow.errors import SampleError, ShardflowError, apply_policy, check_on_error
+from shardflow.errors import RAISE, SampleError, ShardflowError, apply_policy, check_on_error
 from shardflow.shards.keys import Sample, check_key, split_name
 from shardflow.shards.sample_recover import DamageGuard
 from shardflow.shards.tar_read import Member, iter_members
@@ -46,8 +46,10 @@ def iter_samples(members: Iterable[Member | Corruption], url: str = "", *, on_er
             break
         except ShardflowError as exc:
             if current is not None and _ended_before(exc, current["__key__"]):
-                yield current  # the cut header names another sample: the one in progress is whole
+                yield current  # the member cut belongs to another sample: the one in progress is whole
                 current = None
+            if current is not None and exc.key not in (None, current["__key__"]) and on_error != RAISE:
+                nested(SampleError("sample left out: the shard ends inside it", url=url, key=current["__key__"]))
             raise _located(exc, current) from exc.__cause__
         if isinstance(member, Corruption):
             lost = guard.damaged(member, current)
@@ -104,6 +106,9 @@ def _keyless(member: Member, key: str, ext: str, url: str) -> SampleError:
 def _ended_before(exc: ShardflowError, key: str) -> bool:
     """Whether a truncation cut a header whose (known) name belongs to a sample other than `key`
     (compared by basename: the ustar prefix may have been cut off)."""
+    next_key = getattr(exc, "next_key", None)
+    if next_key is not None:
+        return next_key != key
     name = getattr(exc, "next_name", None)
     if name is None:
         return False

@@ -57,14 +57,14 @@ def pax_records(data: bytes, url: str, offset: int) -> dict[str, str]:
     """The `key=value` records of a pax header's data; FormatError when they are malformed."""
     records: dict[str, str] = {}
     pos = 0
-    while pos < len(data) and data[pos] != 0:
+    while pos < len(data):  # the records fill the data exactly: zeros or junk in it are damage
         space = data.find(b" ", pos)
         try:
             length = int(data[pos:space])
-            key, _, value = data[space + 1 : pos + length - 1].partition(b"=")
+            key, eq, value = data[space + 1 : pos + length - 1].partition(b"=")
         except ValueError as exc:
             raise FormatError("malformed pax header", url=url, offset=offset) from exc
-        if length <= 0 or space < 0 or pos + length > len(data):
+        if length <= 0 or space < 0 or pos + length > len(data) or not eq or data[pos + length - 1] != 10:
             raise FormatError("malformed pax header", url=url, offset=offset)
         records[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
         pos += length
@@ -97,11 +97,13 @@ def clean_name(raw: str) -> str | None:
     return raw
 
 
-class CutHeader(FormatError):
-    """A truncation inside a header. `next_name`: the name field of that header when it was read
-    whole and the header is a regular file's, so sample grouping can tell whether the sample in
-    progress ended before the cut (its key differs) and is whole."""
+class Cut(FormatError):
+    """A truncation, with what is known of the member it cut, so sample grouping can tell whether
+    the sample in progress ended before the cut (and is whole): `next_key`, the key of a regular
+    member whose header was read whole; `next_name`, the name field of a regular member's header
+    that was cut after it (the ustar prefix may be missing: only its basename is known)."""
 
+    next_key: str | None = None
     next_name: str | None = None
 
 
@@ -115,7 +117,7 @@ def truncated_header(header: bytes, offset: int, url: str) -> FormatError:
         reason = "truncated tar: stream ended without the end-of-archive marker"
     else:
         reason = f"truncated tar: header needs {BLOCK} bytes, got {len(header)}"
-    error = CutHeader(reason, url=url, offset=offset)
+    error = Cut(reason, url=url, offset=offset)
     if len(header) > 156 and header[156:157] in REGULAR and b"\0" in header[:100]:
         error.next_name = cstring(header[:100]).decode("utf-8", "surrogateescape")
     return error

@@ -21,6 +21,7 @@ from shardflow.shards.tar_headers import (
     BLOCK,
     REGULAR,
     ZERO_BLOCK,
+    Cut,
     checksum_ok,
     cstring,
     header_name,
@@ -62,7 +63,9 @@ def iter_members(stream: BinaryIO, url: str = "", *, resync: bool = False) -> It
             raise truncated_header(header, offset, url)
         long_name, carried, pax = None, (long_name, pax), {}
         if header == ZERO_BLOCK:
-            if not (yield from recovery.zero_block(offset)):
+            more = yield from (recovery.zero_block(offset) if carried == (None, {}) else recovery.skip(
+                FormatError("a pax or long-name header not followed by its member", url=url, offset=offset)))
+            if not more:
                 return
             continue
         if not checksum_ok(header):
@@ -80,7 +83,7 @@ def iter_members(stream: BinaryIO, url: str = "", *, resync: bool = False) -> It
             continue
         data = take(size, -size % BLOCK)
         if len(data) < size or blocks.short:
-            raise _truncated_member(member_name(header, *carried), size, len(data), url, offset)
+            raise _truncated_member(member_name(header, *carried), size, len(data), url, offset, typeflag in REGULAR)
         if blocks.bad_padding or (size and _ends_with_header(data, size)):
             if not (yield from recovery.skip(_size_lies(blocks, header, carried, offset, url))):
                 return
@@ -185,20 +188,26 @@ def _not_tar(blocks: Blocks, url: str) -> FormatError:
 
 def _metadata(typeflag: bytes, data: bytes, carried: Carried, url: str, offset: int) -> Carried:
     """The (long name, pax records) the next member is read with after a metadata entry; FormatError
-    when they are malformed (an empty long name: its data was zeroed)."""
+    when they are malformed (an empty long name: its data was zeroed) or repeated (no writer puts two
+    before one member: the member the first one described lost its header)."""
     long_name, pax = carried
     if typeflag == b"L":
         name = cstring(data).decode("utf-8", "surrogateescape")
-        if not name:
-            raise FormatError("empty GNU long name", url=url, offset=offset)
+        if not name or long_name is not None:
+            raise FormatError("empty GNU long name, or two in a row", url=url, offset=offset)
         return name, pax
     if typeflag == b"x":
+        if pax:  # the member the first one described is missing (its header lost)
+            raise FormatError("two pax headers in a row", url=url, offset=offset)
         return long_name, pax_records(data, url, offset)
     return long_name, pax  # K and g carry nothing a regular file needs
 
 
-def _truncated_member(name: str, size: int, got: int, url: str, offset: int) -> FormatError:
-    """The error for a member whose data (or its block padding) the stream ended inside."""
+def _truncated_member(name: str, size: int, got: int, url: str, offset: int, regular: bool = True) -> FormatError:
+    """The error for a member whose data (or its block padding) the stream ended inside; it names
+    the member's key when the member is a regular file (a pax/long-name entry's name is not one)."""
     missing = f"got {got}" if got < size else "block padding missing"
-    return FormatError(f"truncated tar: member {name!r} needs {size} bytes, {missing}",
-                       url=url, key=split_name(name)[0], offset=offset)
+    key = split_name(name)[0] if regular else None
+    error = Cut(f"truncated tar: member {name!r} needs {size} bytes, {missing}", url=url, key=key, offset=offset)
+    error.next_key = key
+    return error

@@ -7,7 +7,8 @@ Kept apart from the plain reading path so every rule about damage lives here. Th
   header skipped whole samples unreported), not its name (it named the wrong sample). After a bad
   header the stream is scanned block by block to the next header whose checksum is right.
 - The end of an archive is two zero blocks. A lone zero block followed by more data is damage (GNU
-  tar warns "A lone zero block"); one zero block and then the end of the stream is accepted.
+  tar warns "A lone zero block"); one zero block and then the end of the stream is a cut-short end
+  (reported: the last member may have lost a block, and so be read with the marker's zeros).
   After the end marker the rest of the stream is read (a compressed stream is so checked to its
   end): zeros are padding; a valid header there is damage (a zeroed header, or concatenated
   archives, which need reading one by one); other bytes are ignored with a warning.
@@ -86,16 +87,20 @@ class Resync:
 
     def zero_block(self, offset: int) -> Generator[Corruption, None, bool]:
         """A zero block where a header belongs (at `offset`, already read): the end, or damage.
-        True when reading goes on (at the next valid header), False at the end of the archive."""
+        True when reading goes on (at the next valid header), False at the end of the archive (the
+        end marker cut short is reported first: the sample in progress is not known whole)."""
         blocks = self._blocks
         second = blocks.take(BLOCK)
-        if not second:
-            return False  # one zero block, then the end of the stream: accepted as the end
         if second == ZERO_BLOCK:
             return (yield from self._after_end(offset))
+        if len(second) < BLOCK:  # a lost block of the last member's data can look just like this
+            error = FormatError("truncated tar: the end-of-archive marker is cut short (one zero block, it is two)",
+                                url=self._url, offset=offset)
+            if not self.resync:
+                raise error
+            yield Corruption(_region(error, None))
+            return False
         blocks.push_back(second)
-        if len(second) < BLOCK:
-            return (yield from self._after_end(offset))
         error = FormatError("a lone zero block where a header belongs, followed by more data (the end of an "
                             "archive is two zero blocks): a damaged or zeroed header", url=self._url, offset=offset)
         return (yield from self.skip(error))
