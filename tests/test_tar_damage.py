@@ -92,6 +92,18 @@ def test_zeroed_header_of_zero_filled_member_is_found_after_the_end_marker():
     assert {e.key for e in errors if isinstance(e, SampleError)} == {"a/0", "c/0"}
 
 
+def test_concatenated_archives_are_read_one_by_one_or_reported():
+    # after an end marker a valid header may be a zeroed header of a zero-filled member: damage
+    a, _ = shard(3)
+    b = tar_of([("t0.jpg", b"0"), ("t1.jpg", b"1")])
+    with pytest.raises(FormatError, match="end-of-archive marker followed by more tar members") as info:
+        read(a + b, "raise")
+    assert info.value.offset == len(a) - 2 * BLOCK
+    out, errors = read(a + b)
+    assert [s["__key__"] for s in out] == ["s000000", "s000001", "t1"]  # the two next to the boundary:
+    assert [e.key for e in errors[1:]] == ["s000002", "t0"]  # reported
+
+
 def test_end_marker_cut_short_is_reported_and_trailing_junk_warns():
     # one zero block, then the end: the last member may have lost a block (and so have been read
     # with the marker's zeros as its data), so the last sample is not known whole

@@ -97,18 +97,13 @@ def clean_name(raw: str) -> str | None:
     return raw
 
 
-class Cut(FormatError):
-    """A truncation, with what is known of the member it cut, so sample grouping can tell whether
-    the sample in progress ended before the cut (and is whole): `next_key`, the key of a regular
-    member whose header was read whole; `next_name`, the name field of a regular member's header
-    that was cut after it (the ustar prefix may be missing: only its basename is known)."""
-
-    next_key: str | None = None
-    next_name: str | None = None
-
-
 def truncated_header(header: bytes, offset: int, url: str) -> FormatError:
-    """The error for a header block cut short at `offset` (an empty file, a non-tar, a truncation)."""
+    """The error for a header block cut short at `offset` (an empty file, a non-tar, a truncation).
+
+    When the cut header is a regular file's and its name field was read whole, the error carries it
+    as `next_name` (basename only is sure: the ustar prefix may be cut off), so sample grouping can
+    tell that the sample in progress ended before the cut (tar_read sets `next_key` likewise for a
+    member cut inside its data)."""
     if offset == 0:
         reason = "empty file, not a tar archive" if not header else (
             f"not a tar archive (only {len(header)} bytes, a tar header needs {BLOCK})"
@@ -117,7 +112,7 @@ def truncated_header(header: bytes, offset: int, url: str) -> FormatError:
         reason = "truncated tar: stream ended without the end-of-archive marker"
     else:
         reason = f"truncated tar: header needs {BLOCK} bytes, got {len(header)}"
-    error = Cut(reason, url=url, offset=offset)
+    error = FormatError(reason, url=url, offset=offset)
     if len(header) > 156 and header[156:157] in REGULAR and b"\0" in header[:100]:
-        error.next_name = cstring(header[:100]).decode("utf-8", "surrogateescape")
+        error.next_name = cstring(header[:100]).decode("utf-8", "surrogateescape")  # type: ignore[attr-defined]
     return error

@@ -21,7 +21,6 @@ from shardflow.shards.tar_headers import (
     BLOCK,
     REGULAR,
     ZERO_BLOCK,
-    Cut,
     checksum_ok,
     cstring,
     header_name,
@@ -208,6 +207,7 @@ def _truncated_member(name: str, size: int, got: int, url: str, offset: int, reg
     the member's key when the member is a regular file (a pax/long-name entry's name is not one)."""
     missing = f"got {got}" if got < size else "block padding missing"
     key = split_name(name)[0] if regular else None
-    error = Cut(f"truncated tar: member {name!r} needs {size} bytes, {missing}", url=url, key=key, offset=offset)
-    error.next_key = key
+    error = FormatError(f"truncated tar: member {name!r} needs {size} bytes, {missing}",
+                        url=url, key=key, offset=offset)
+    error.next_key = key  # type: ignore[attr-defined]
     return error

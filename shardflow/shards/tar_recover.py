@@ -9,9 +9,10 @@ Kept apart from the plain reading path so every rule about damage lives here. Th
 - The end of an archive is two zero blocks. A lone zero block followed by more data is damage (GNU
   tar warns "A lone zero block"); one zero block and then the end of the stream is a cut-short end
   (reported: the last member may have lost a block, and so be read with the marker's zeros).
-  After the end marker the rest of the stream is read (a compressed stream is so checked to its
-  end): zeros are padding; a valid header there is damage (a zeroed header, or concatenated
-  archives, which need reading one by one); other bytes are ignored with a warning.
+  After the end marker the stream is read on (a compressed one to its end, where its checksum is
+  checked; a plain one for at most 1 MiB): zeros are padding; a valid header there is damage (a
+  zeroed header of a member whose data is zeros looks just like it; concatenated archives too:
+  they must be read one by one); other bytes are ignored with a warning.
 - A Corruption says where the damaged region starts (`error.offset`) and where reading resumed
   (`end`), so the samples it may have hidden can be accounted for; `key` is set only when the
   damage is confined to one member whose header was sound (a sparse member that cannot be rebuilt):
@@ -27,6 +28,8 @@ from typing import Generator
 from shardflow.errors import FormatError, ShardflowWarning
 from shardflow.shards.tar_blocks import Blocks
 from shardflow.shards.tar_headers import BLOCK, ZERO_BLOCK, checksum_ok, truncated_header
+
+_AFTER_END = 1 << 20  # how far past the end marker a plain stream is read (looking for damage)
 
 # (long name, pax records) that describe the next member, as the reading loop carries them
 Carried = tuple[str | None, dict[str, str]]
@@ -109,7 +112,10 @@ class Resync:
         """After the end-of-archive marker at `marker`: read the rest of the stream (bounded memory)."""
         blocks = self._blocks
         junk = 0
-        while True:
+        # A compressed stream is read to its end (its checksum is checked there); a plain one at most
+        # _AFTER_END bytes further (a pipe may never end).
+        stop = None if blocks.compression else blocks.offset + _AFTER_END
+        while stop is None or blocks.offset < stop:
             offset = blocks.offset
             block = blocks.take(BLOCK)
             if not block:
