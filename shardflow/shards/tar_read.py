@@ -54,65 +54,66 @@ def iter_members(stream: BinaryIO, url: str = "", *, resync: bool = False) -> It
     recovery = Resync(blocks, url, resync)
     take = blocks.take
     long_name: str | None = None
-    pax: dict[str, str] = {}
+    pax: dict[str, str] = _NO_PAX
     while True:
         offset = blocks.offset
         header = take(BLOCK)
         if len(header) < BLOCK:
             raise truncated_header(header, offset, url)
-        long_name, carried, pax = None, (long_name, pax), {}
-        if header == ZERO_BLOCK:
-            more = yield from (recovery.zero_block(offset) if carried == (None, {}) else recovery.skip(
-                FormatError("a pax or long-name header not followed by its member", url=url, offset=offset)))
+        if header == ZERO_BLOCK or not checksum_ok(header):
+            more = yield from _not_a_header(recovery, blocks, header, long_name is None and not pax, url, offset)
             if not more:
                 return
-            continue
-        if not checksum_ok(header):
-            if offset == 0 and header[257:262] != b"ustar":
-                raise _not_tar(blocks, url)
-            if not (yield from recovery.skip(FormatError("bad tar header checksum", url=url, offset=offset))):
-                return
+            long_name, pax = None, _NO_PAX
             continue
         typeflag = header[156:157]
-        size = _size(header, carried[1])
-        if size is None or typeflag == b"S":
-            more = yield from _rare(recovery, blocks, header, size, carried, offset, url)
-            if more is None:
+        try:
+            size = int(pax["size"]) if "size" in pax else parse_number(header[124:136])
+        except ValueError:
+            size = -1
+        if size < 0 or typeflag == b"S":
+            more = yield from _rare(recovery, blocks, header, size, (long_name, pax), offset, url)
+            if not more:
                 return
+            long_name, pax = None, _NO_PAX
             continue
         data = take(size, -size % BLOCK)
         if len(data) < size or blocks.short:
-            raise _truncated_member(member_name(header, *carried), size, len(data), url, offset, typeflag in REGULAR)
-        if blocks.bad_padding or (size and _ends_with_header(data, size)):
-            if not (yield from recovery.skip(_size_lies(blocks, header, carried, offset, url))):
+            raise _truncated_member(member_name(header, long_name, pax), size, len(data), url, offset,
+                                    typeflag in REGULAR)
+        tail = size % BLOCK or BLOCK  # the bytes of data in its last block
+        if blocks.bad_padding or (size and tail > 155 and 48 <= data[size - tail + 153] <= 55
+                                  and _ends_with_header(data, size)):
+            if not (yield from recovery.skip(_size_lies(blocks, header, (long_name, pax), offset, url))):
                 return
+            long_name, pax = None, _NO_PAX
             continue
         if typeflag in REGULAR:
-            name = carried[1].get("path") or carried[0] or header_name(header)
-            if carried[1] and is_pax_sparse(carried[1]):
-                yield from _pax_sparse(recovery, carried[1], name, data, url, offset)
+            if long_name is None and not pax:
+                yield Member(header_name(header), data, offset)
+                continue
+            name = pax.get("path") or long_name or header_name(header)
+            if pax and is_pax_sparse(pax):
+                yield from _pax_sparse(recovery, pax, name, data, url, offset)
             else:
                 yield Member(name, data, offset)
+            long_name, pax = None, _NO_PAX
         elif typeflag in _METADATA:
             try:
-                long_name, pax = _metadata(typeflag, data, carried, url, offset)
+                long_name, pax = _metadata(typeflag, data, (long_name, pax), url, offset)
             except FormatError as error:
+                long_name, pax = None, _NO_PAX
                 if not (yield from recovery.skip(error)):
                     return
+        else:
+            long_name, pax = None, _NO_PAX
 
+
+_NO_PAX: dict[str, str] = {}  # shared, never changed: pax_records makes a new dict for each pax header
 
 # Entries that describe the next member rather than being one: GNU long name (L) and long link name
 # (K), pax extended (x) and global (g) headers.
 _METADATA = (b"L", b"x", b"K", b"g")
-
-
-def _size(header: bytes, pax: dict[str, str]) -> int | None:
-    """The member's size (a pax size wins), or None when the field is unreadable or negative."""
-    try:
-        size = int(pax["size"]) if "size" in pax else parse_number(header[124:136])
-    except ValueError:
-        return None
-    return size if size >= 0 else None
 
 
 def _ends_with_header(data: bytes, size: int) -> bool:
@@ -132,12 +133,25 @@ def _size_lies(blocks: Blocks, header: bytes, carried: Carried, offset: int, url
                        "or a tar header inside it): the header or the stream is damaged", url=url, offset=offset)
 
 
-def _rare(recovery: Resync, blocks: Blocks, header: bytes, size: int | None, carried: Carried, offset: int,
-          url: str) -> Generator[Member | Corruption, None, bool | None]:
-    """A bad size field (damage) or an old-GNU sparse member; None when the stream ended cleanly."""
-    if size is None:
-        more = yield from recovery.skip(FormatError("bad size field in tar header", url=url, offset=offset))
-        return True if more else None
+def _not_a_header(recovery: Resync, blocks: Blocks, header: bytes, bare: bool, url: str, offset: int
+                  ) -> Generator[Corruption, None, bool]:
+    """A zero block or a bad checksum where a header belongs; `bare`: no pax or long-name header
+    came before it. False when the archive ends here."""
+    if header == ZERO_BLOCK:
+        if bare:
+            return (yield from recovery.zero_block(offset))
+        error = FormatError("a pax or long-name header not followed by its member", url=url, offset=offset)
+        return (yield from recovery.skip(error))
+    if offset == 0 and header[257:262] != b"ustar":
+        raise _not_tar(blocks, url)
+    return (yield from recovery.skip(FormatError("bad tar header checksum", url=url, offset=offset)))
+
+
+def _rare(recovery: Resync, blocks: Blocks, header: bytes, size: int, carried: Carried, offset: int,
+          url: str) -> Generator[Member | Corruption, None, bool]:
+    """A bad size field (damage; `size` < 0) or an old-GNU sparse member; False when the stream ended."""
+    if size < 0:
+        return (yield from recovery.skip(FormatError("bad size field in tar header", url=url, offset=offset)))
     name = member_name(header, *carried)
     extensions: list[bytes] = []
     more_blocks = gnu_extended(header[482:483])
