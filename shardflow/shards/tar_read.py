@@ -45,11 +45,8 @@ class Member:
 # The loop is one function on purpose: it runs once per member, and splitting it would add a call
 # per member on the hot path; damage and rare entries (sparse, metadata) are handled by helpers.
 def iter_members(stream: BinaryIO, url: str = "", *, resync: bool = False) -> Iterator[Member | Corruption]:
-    """Yield the regular files of a tar stream in order, one at a time (bounded memory).
-
-    `resync=True`: each damaged region yields one Corruption, then reading resumes at the next valid
-    header. Truncation, a corrupt compressed stream and a file that is not a tar raise FormatError in
-    both modes."""
+    """Yield the regular files of a tar stream in order (bounded memory). `resync=True`: each damaged region
+    yields a Corruption, reading resumes at the next valid header; truncation, a non-tar always raise."""
     blocks = open_blocks(stream, url)
     recovery = Resync(blocks, url, resync)
     take = blocks.take
@@ -79,8 +76,7 @@ def iter_members(stream: BinaryIO, url: str = "", *, resync: bool = False) -> It
             continue
         data = take(size, -size % BLOCK)
         if len(data) < size or blocks.short:
-            raise _truncated_member(member_name(header, long_name, pax), size, len(data), url, offset,
-                                    typeflag in REGULAR)
+            raise _truncated_member(member_name(header, long_name, pax), size, len(data), url, offset, typeflag)
         tail = size % BLOCK or BLOCK  # the bytes of data in its last block
         if blocks.bad_padding or (size and tail > 155 and 48 <= data[size - tail + 153] <= 55
                                   and _ends_with_header(data, size)):
@@ -216,11 +212,11 @@ def _metadata(typeflag: bytes, data: bytes, carried: Carried, url: str, offset: 
     return long_name, pax  # K and g carry nothing a regular file needs
 
 
-def _truncated_member(name: str, size: int, got: int, url: str, offset: int, regular: bool = True) -> FormatError:
+def _truncated_member(name: str, size: int, got: int, url: str, offset: int, typeflag: bytes = b"0") -> FormatError:
     """The error for a member whose data (or its block padding) the stream ended inside; it names
     the member's key when the member is a regular file (a pax/long-name entry's name is not one)."""
     missing = f"got {got}" if got < size else "block padding missing"
-    key = split_name(name)[0] if regular else None
+    key = split_name(name)[0] if typeflag in REGULAR else None
     error = FormatError(f"truncated tar: member {name!r} needs {size} bytes, {missing}",
                         url=url, key=key, offset=offset)
     error.next_key = key  # type: ignore[attr-defined]
