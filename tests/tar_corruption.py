@@ -14,6 +14,7 @@ leaves nothing but zeros from a member's header to the end (it reads as the end 
 
 from __future__ import annotations
 
+import gzip
 import io
 import random
 import re
@@ -25,7 +26,7 @@ from shardflow.shards.samples import read_samples
 from shardflow.shards.tar_headers import BLOCK
 from shardflow.shards.tar_write import TarStreamWriter
 
-KINDS = ("zero_block", "bit_flip", "truncate", "insert_block", "delete_block")
+KINDS = ("zero_block", "bit_flip", "truncate", "insert_block", "delete_block", "gzip_truncate")
 EXTS = ("cls", "jpg", "json", "txt")
 INF = 1 << 62
 
@@ -47,6 +48,36 @@ def payload(kind: str, size: int, seed: str) -> bytes:
     if kind == "byte":
         return bytes([len(seed) % 251 + 1]) * size
     return random.Random(seed).randbytes(size)
+
+
+def build_stdlib(spec: list[tuple[str, list[tuple[str, str, int]]]], fmt: int) -> Shard:
+    """The same shard written by Python's tarfile (GNU long names, pax headers, 10 KiB records)."""
+    buf = io.BytesIO()
+    samples = []
+    with tarfile.open(fileobj=buf, mode="w", format=fmt) as tf:
+        for key, members in spec:
+            sample = {"__key__": key}
+            for ext, kind, size in members:
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size, info.mtime = size, 1_700_000_000
+                sample[ext] = payload(kind, size, f"{key}.{ext}")
+                tf.addfile(info, io.BytesIO(sample[ext]))
+            samples.append(sample)
+    data = buf.getvalue()
+    spans, starts, empty, data_ranges, meta = {}, [], set(), [], []
+    with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+        for m in tf.getmembers():
+            key, _, ext = m.name.partition(".")
+            header = m.offset_data - BLOCK
+            starts.append(m.offset)
+            if header > m.offset:
+                meta.append((m.offset, header))
+            if m.size == 0:
+                empty.add(header)
+            data_ranges.append((m.offset_data, m.offset_data + m.size, key, ext))
+            end = m.offset_data + m.size + (-m.size % BLOCK)
+            spans[key] = (spans.get(key, (m.offset, 0))[0], end)
+    return Shard(data, samples, spans, starts, empty, data_ranges, meta)
 
 
 def build(spec: list[tuple[str, list[tuple[str, str, int]]]]) -> Shard:
@@ -80,7 +111,7 @@ class Case:
     """One corruption of a shard: the corrupted bytes and what a correct reader must give."""
 
     kind: str
-    at: int  # byte offset (bit_flip, truncate) or block offset (the other kinds)
+    at: int  # byte offset (bit_flip, truncate; gzip_truncate: in the compressed bytes) or block offset
     bad: bytes
     expected: dict[str, dict]  # key -> sample, with corrupted data bytes where the damage is data
     blind: str | None = None  # why no reader can see this corruption (the case is not judged)
@@ -110,6 +141,10 @@ def corrupt(shard: Shard, kind: str, where: int, bit: int = 0, fill: bytes | Non
     elif kind == "truncate":
         at = where % len(data)
         case = Case(kind, at, data[:at], expected)
+    elif kind == "gzip_truncate":  # offsets stay those of the tar (what the reader reports)
+        packed = gzip.compress(data, compresslevel=1, mtime=0)
+        at = where % len(packed)
+        return Case(kind, at, packed[:at], expected)
     elif kind == "insert_block":
         at = (where % (nblocks + 1)) * BLOCK
         block = fill if fill is not None else random.Random(where).randbytes(BLOCK)

@@ -33,7 +33,7 @@ _corruption = st.tuples(st.sampled_from(KINDS), st.integers(0, 1 << 30), st.inte
                         st.sampled_from([None, bytes(512)]))
 
 
-@settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(spec=shards(), corruption=_corruption)
 def test_any_single_corruption_never_gives_a_partial_sample_or_a_silent_loss(spec, corruption):
     kind, where, bit, fill = corruption
