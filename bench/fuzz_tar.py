@@ -3,9 +3,12 @@ mode; judged by the oracle of tests/tar_corruption.py (the property test's, with
 
     PYTHONPATH=. python bench/fuzz_tar.py --cases 20000 --seed 1 [--writer tarfile-gnu|tarfile-pax]
 
-Prints, per corruption kind, the runs, the cases no reader can judge (blind), partial or unknown
-samples delivered, samples lost without a report, and tracebacks (any exception that is not a
-ShardflowError). All but runs and blind must be 0; the first failing cases are printed to replay.
+Prints, per corruption kind, the runs (cases), the cases no reader can judge (blind), and the
+cases where (in skip or raise mode) a partial or unknown sample was delivered (partial), a sample
+was lost without a report (lost), raise mode gave no error yet missed samples (other), or any
+exception that is not a ShardflowError escaped (tracebacks). All but runs and blind must be 0; the
+first failing cases are printed to replay. `--tgz-vs-webdataset` counts the samples of truncated
+.tgz shards read by shardflow and by webdataset instead.
 """
 
 from __future__ import annotations
@@ -54,8 +57,8 @@ def run(cases: int, seed: int, show: int, writer: str = "shardflow") -> int:
         except Exception:  # noqa: BLE001 - a traceback is what the fuzz run counts
             row["tracebacks"] += 1
             problems = [traceback.format_exc(limit=3)]
-        for p in problems:
-            row["partial" if "delivered" in p else "lost" if "lost" in p else "other"] += 1
+        for what in {"partial" if "delivered" in p else "lost" if "lost" in p else "other" for p in problems}:
+            row[what] += 1  # cases with at least one such problem
         if problems and len(failures) < show:
             failures.append(f"case {i}: {kind} at {case.at} (where={where}, bit={bit}, fill={fill is not None})\n"
                             f"  spec={spec!r}\n  " + "\n  ".join(problems))
@@ -74,15 +77,52 @@ def run(cases: int, seed: int, show: int, writer: str = "shardflow") -> int:
     return 1 if total["partial"] or total["lost"] or total["other"] or total["tracebacks"] else 0
 
 
+def tgz_vs_webdataset(seed: int) -> None:
+    """Samples read from truncated .tgz shards (ImageNet-like sizes): shardflow vs webdataset."""
+    import gzip
+    import io
+    import tempfile
+
+    import webdataset as wds
+
+    from shardflow.shards.samples import read_samples
+
+    rng = random.Random(seed)
+    spec = [(f"n{i:08d}", [("cls", "byte", 3), ("jpg", "rand", rng.randint(2_000, 60_000))]) for i in range(200)]
+    packed = gzip.compress(build(spec).data, compresslevel=6)
+    print(f"{'cut':>6}{'shardflow':>11}{'webdataset':>12}")
+    for cut in (0.25, 0.5, 0.75, 0.9, 0.99):
+        bad = packed[: int(len(packed) * cut)]
+        ours = 0
+        try:
+            for _ in read_samples(io.BytesIO(bad), "mem://x.tgz", on_error="skip", report=lambda e: None):
+                ours += 1
+        except Exception:  # noqa: BLE001 - the truncation ends the shard
+            pass
+        theirs = 0
+        with tempfile.NamedTemporaryFile(suffix=".tgz") as f:
+            f.write(bad)
+            f.flush()
+            try:
+                for _ in wds.WebDataset(f.name, shardshuffle=False, empty_check=False):
+                    theirs += 1
+            except Exception:  # noqa: BLE001 - webdataset raises what tarfile raises
+                pass
+        print(f"{cut:>6}{ours:>11}{theirs:>12}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=5000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--show", type=int, default=5, help="failing cases to print")
     parser.add_argument("--writer", choices=sorted(WRITERS), default="shardflow", help="who writes the shards")
+    parser.add_argument("--tgz-vs-webdataset", action="store_true", help="count samples of truncated .tgz instead")
     args = parser.parse_args()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ShardflowWarning)
+        if args.tgz_vs_webdataset:
+            sys.exit(tgz_vs_webdataset(args.seed))
         sys.exit(run(args.cases, args.seed, args.show, args.writer))
 
 
