@@ -207,7 +207,7 @@ def read(bad: bytes, on_error: str) -> Outcome:
     return out
 
 
-_RESUMED = re.compile(r"reading resumed at the next valid header, offset (\d+)")
+_RESUMED = re.compile(r"^damaged up to offset (\d+) \(reading resumed there\)")
 
 
 def judge(shard: Shard, case: Case, out: Outcome) -> list[str]:

@@ -136,7 +136,8 @@ class Resync:
 
 
 def _region(error: FormatError, end: int | None) -> FormatError:
-    """The damage's error, saying where reading resumed (so its extent is known) or that it did not."""
-    tail = f"; reading resumed at the next valid header, offset {end}" if end is not None else (
-        "; the stream ends inside the damage")
-    return FormatError(error.reason + tail, url=error.url, key=error.key, offset=error.offset)
+    """The damage's error, saying first (messages may be cut short) where reading resumed, so the
+    region's extent is known, or that the stream ended inside it."""
+    head = f"damaged up to offset {end} (reading resumed there)" if end is not None else (
+        "damaged up to the end of the stream")
+    return FormatError(f"{head}: {error.reason}", url=error.url, key=error.key, offset=error.offset)
