@@ -282,6 +282,10 @@ def test_huge_size_in_the_training_reader_warns_and_goes_on(tmp_path):
     with pytest.warns(ShardflowWarning, match="truncated tar"):
         keys = [s["__key__"] for s in ds]
     assert keys[:1] == ["s000000"] and keys[-3:] == ["s000000", "s000001", "s000002"]
+    import torch
+
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)  # workers do not crash
+    assert sorted(s["__key__"] for s in loader) == sorted(keys)
 
 
 # ------------------------------------------------------------------------------------------------
