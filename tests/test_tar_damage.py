@@ -363,6 +363,28 @@ def test_truncated_tgz_delivers_every_complete_sample(cut, tmp_path):
     assert info.value.key == samples[provable]["__key__"]
 
 
+@pytest.mark.parametrize("compressed", [False, True])
+@pytest.mark.parametrize("where,delivered,named", [
+    (0, 3, "s000003"),  # cut where s000004's header starts: s000003 may go on, it is named
+    (200, 4, "s000004"),  # cut inside s000004.cls's header, after its name: s000003 ended before
+    (BLOCK + 10, 4, "s000004"),  # cut inside s000004.cls's data
+    (-300, 3, "s000003"),  # cut inside s000003.txt's data
+])
+def test_a_cut_delivers_the_sample_in_progress_when_the_member_cut_names_another(where, delivered, named,
+                                                                                 compressed):
+    data, samples = shard(8)
+    cut = offsets(data)[8] + where
+    bad = data[:cut]
+    if compressed:  # a gzip stream that ends exactly there (flushed, no end): the same must hold
+        packer = zlib.compressobj(wbits=31)
+        bad = packer.compress(bad) + packer.flush(zlib.Z_SYNC_FLUSH)
+    got: list[str] = []
+    with pytest.raises(FormatError, match="corrupt gzip stream" if compressed else "truncated tar") as info:
+        for s in read_samples(io.BytesIO(bad), URL, on_error="skip", report=lambda e: None):
+            got.append(s["__key__"])
+    assert got == [s["__key__"] for s in samples[:delivered]] and info.value.key == named
+
+
 def test_tgz_followed_by_junk_delivers_every_sample_with_a_warning():
     data, samples = shard(30)
     with pytest.warns(ShardflowWarning, match="non-gzip data after the gzip stream"):

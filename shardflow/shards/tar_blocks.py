@@ -13,6 +13,7 @@ import io
 import os
 from typing import BinaryIO, Callable
 
+from shardflow.errors import FormatError
 from shardflow.shards.tar_decompress import Decompressed, sniff
 
 _CHUNK = 1 << 20
@@ -38,6 +39,7 @@ class Blocks:
         self.short = False
         self.bad_padding = False
         self.compression = ""
+        self.failed: FormatError | None = None  # the compressed stream broke: it reads as ended
         # A local file (io.BufferedReader that can seek): large members are read with one read(n)
         # after stepping back over what is buffered here, so a 10 MB member is one 10 MB
         # allocation, not a join of two pieces (which would briefly need twice the member's size).
@@ -108,7 +110,30 @@ class Blocks:
             self.short = False
 
     def _raw(self, n: int) -> bytes:
-        return self._read(n)
+        """Read the underlying stream; a corrupt compressed stream reads as ended here (after every
+        good byte), remembered in `failed` so the truncation it causes is told with its cause."""
+        if self.failed is not None:
+            return b""
+        try:
+            return self._read(n)
+        except FormatError as exc:
+            self.failed = exc
+            return b""
+
+    def cut(self, error: FormatError) -> FormatError:
+        """`error` (a truncation) naming the failure of the compressed stream that caused it, if any."""
+        failed = self.failed
+        if failed is None:
+            return error
+        merged = FormatError(f"{failed.reason} (at offset {failed.offset}): {error.reason}", url=error.url,
+                             key=error.key, offset=error.offset)
+        merged.__dict__.update({k: v for k, v in error.__dict__.items() if k.startswith("next_")})
+        return merged
+
+    def check(self) -> None:
+        """Before taking the end of the stream for the end of the archive: raise a failure it hides."""
+        if self.failed is not None:
+            raise self.failed
 
 
 def open_blocks(stream: BinaryIO, url: str) -> Blocks:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from zlib import adler32
 
 from shardflow.errors import FormatError
+from shardflow.shards.keys import split_name
 
 BLOCK = 512
 ZERO_BLOCK = bytes(BLOCK)
@@ -101,9 +102,9 @@ def truncated_header(header: bytes, offset: int, url: str) -> FormatError:
     """The error for a header block cut short at `offset` (an empty file, a non-tar, a truncation).
 
     When the cut header is a regular file's and its name field was read whole, the error carries it
-    as `next_name` (basename only is sure: the ustar prefix may be cut off), so sample grouping can
-    tell that the sample in progress ended before the cut (tar_read sets `next_key` likewise for a
-    member cut inside its data)."""
+    as `next_name` and names its key (the ustar prefix may be cut off: only the basename is sure), so
+    sample grouping can tell that the sample in progress ended before the cut (tar_read sets
+    `next_key` likewise for a member cut inside its data)."""
     if offset == 0:
         reason = "empty file, not a tar archive" if not header else (
             f"not a tar archive (only {len(header)} bytes, a tar header needs {BLOCK})"
@@ -112,7 +113,9 @@ def truncated_header(header: bytes, offset: int, url: str) -> FormatError:
         reason = "truncated tar: stream ended without the end-of-archive marker"
     else:
         reason = f"truncated tar: header needs {BLOCK} bytes, got {len(header)}"
-    error = FormatError(reason, url=url, offset=offset)
+    name = None
     if len(header) > 156 and header[156:157] in REGULAR and b"\0" in header[:100]:
-        error.next_name = cstring(header[:100]).decode("utf-8", "surrogateescape")  # type: ignore[attr-defined]
+        name = header_name(header) if len(header) >= 500 else cstring(header[:100]).decode("utf-8", "surrogateescape")
+    error = FormatError(reason, url=url, key=None if name is None else split_name(name)[0], offset=offset)
+    error.next_name = name  # type: ignore[attr-defined]
     return error

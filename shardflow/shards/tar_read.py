@@ -56,7 +56,7 @@ def iter_members(stream: BinaryIO, url: str = "", *, resync: bool = False) -> It
         offset = blocks.offset
         header = take(BLOCK)
         if len(header) < BLOCK:
-            raise truncated_header(header, offset, url)
+            raise blocks.cut(truncated_header(header, offset, url))
         if header == ZERO_BLOCK or not checksum_ok(header):
             more = yield from _not_a_header(recovery, blocks, header, long_name is None and not pax, url, offset)
             if not more:
@@ -76,7 +76,8 @@ def iter_members(stream: BinaryIO, url: str = "", *, resync: bool = False) -> It
             continue
         data = take(size, -size % BLOCK)
         if len(data) < size or blocks.short:
-            raise _truncated_member(member_name(header, long_name, pax), size, len(data), url, offset, typeflag)
+            raise blocks.cut(_truncated_member(member_name(header, long_name, pax), size, len(data), url, offset,
+                                               typeflag))
         tail = size % BLOCK or BLOCK  # the bytes of data in its last block
         if blocks.bad_padding or (size and tail > 155 and 48 <= data[size - tail + 153] <= 55
                                   and _ends_with_header(data, size)):
@@ -154,12 +155,12 @@ def _rare(recovery: Resync, blocks: Blocks, header: bytes, size: int, carried: C
     while more_blocks:  # the map goes on in extension blocks between the header and the data
         block = blocks.take(BLOCK)
         if len(block) < BLOCK:
-            raise _truncated_member(name, BLOCK, len(block), url, offset)
+            raise blocks.cut(_truncated_member(name, BLOCK, len(block), url, offset))
         extensions.append(block)
         more_blocks = gnu_extended(block[504:505])
     data = blocks.take(size, -size % BLOCK)
     if len(data) < size or blocks.short:
-        raise _truncated_member(name, size, len(data), url, offset)
+        raise blocks.cut(_truncated_member(name, size, len(data), url, offset))
     try:
         regions, real = gnu_map(header, extensions)
         member = Member(name, rebuild(regions, real, data, name, url, offset), offset)

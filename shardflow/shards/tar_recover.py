@@ -77,8 +77,9 @@ class Resync:
             if len(header) < BLOCK:
                 yield Corruption(_region(error, None))
                 if zeros and not header:
+                    blocks.check()
                     return False
-                raise truncated_header(header, offset, self._url)
+                raise blocks.cut(truncated_header(header, offset, self._url))
             if header == ZERO_BLOCK:
                 zeros = True
                 continue
@@ -97,6 +98,7 @@ class Resync:
         if second == ZERO_BLOCK:
             return (yield from self._after_end(offset))
         if len(second) < BLOCK:  # a lost block of the last member's data can look just like this
+            blocks.check()
             error = FormatError("truncated tar: the end-of-archive marker is cut short (one zero block, it is two)",
                                 url=self._url, offset=offset)
             if not self.resync:
@@ -129,6 +131,7 @@ class Resync:
                                     url=self._url, offset=marker)
                 return (yield from self.skip(error))
             junk += len(block)
+        blocks.check()
         if junk:
             warnings.warn(f"shard {self._url}: {junk} bytes of data after the end-of-archive marker (offset "
                           f"{marker}) ignored", ShardflowWarning, stacklevel=4)
