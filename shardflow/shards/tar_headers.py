@@ -87,17 +87,6 @@ def member_name(header: bytes, long_name: str | None, pax: dict[str, str]) -> st
     return pax.get("path") or long_name or header_name(header)
 
 
-def clean_name(raw: str) -> str | None:
-    """`raw` if it is printable text (a plausible member name), else None."""
-    if not raw or not raw.isprintable():
-        return None
-    try:
-        raw.encode("utf-8")
-    except UnicodeEncodeError:  # surrogate-escaped bytes: not valid UTF-8, do not trust it
-        return None
-    return raw
-
-
 def truncated_header(header: bytes, offset: int, url: str) -> FormatError:
     """The error for a header block cut short at `offset` (an empty file, a non-tar, a truncation).
 

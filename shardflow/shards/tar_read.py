@@ -29,8 +29,11 @@ from shardflow.shards.tar_headers import (
     pax_records,
     truncated_header,
 )
-from shardflow.shards.tar_recover import Carried, Corruption, Resync
+from shardflow.shards.tar_recover import Corruption, Resync
 from shardflow.shards.tar_sparse import gnu_extended, gnu_map, is_pax_sparse, pax_map, rebuild
+
+# (long name, pax records) that describe the next member, as the reading loop carries them
+Carried = tuple[str | None, dict[str, str]]
 
 
 @dataclass(slots=True)

@@ -31,8 +31,6 @@ from shardflow.shards.tar_headers import BLOCK, ZERO_BLOCK, checksum_ok, truncat
 
 _AFTER_END = 1 << 20  # how far past the end marker a plain stream is read (looking for damage)
 
-# (long name, pax records) that describe the next member, as the reading loop carries them
-Carried = tuple[str | None, dict[str, str]]
 
 
 @dataclass(slots=True)
