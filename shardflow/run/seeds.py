@@ -21,8 +21,12 @@ _job_seed: ContextVar[int] = ContextVar("shardflow_job_seed", default=0)
 
 
 def stable_seed(*parts: Any) -> int:
-    """A 63-bit seed from the parts' text, identical on every machine and Python version."""
-    digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
+    """A 63-bit seed from the parts' text, identical on every machine and Python version.
+
+    Keys are data: a member name that is not UTF-8 (latin-1 file names) reaches here with its bytes
+    surrogate-escaped, and is encoded back to those bytes rather than refused."""
+    text = "\x1f".join(map(str, parts))
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogateescape"), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
 
 

@@ -1,11 +1,19 @@
-"""What sample grouping does next to archive damage: deliver a neighbour of the damage only when it
-is provably whole, never a partial sample as if it were good.
+"""What sample grouping does next to archive damage: deliver a sample only when it is provably
+whole, never a partial sample as if it were good.
 
-A sample next to damage (a Corruption from `iter_members(..., resync=True)`) is whole when the
-damaged member's name (the Corruption's hint) names another sample, or, when the shard's samples so
-far all had the same set of extensions, it has exactly that set. Otherwise it is left out and
-reported. The sample in progress when damage is found stays "pending" until the next member tells
-whether it goes on after the damage (then it was cut: left out) or a new sample starts.
+Nothing in a damaged region can be trusted (tar_recover), so its members' names are unknown. Hence:
+
+- the sample in progress when damage is found is left out: its last members may be in the region,
+  and the size of its last member may be the lie that caused the damage;
+- the first sample after the damage is left out: its first members may be in the region;
+- when the first member after the damage has a name that could be a stand-in (a ustar name of 99+
+  bytes, '@LongName', '?' from a lossy encoding: what writers put in the header when a pax or GNU
+  long name record carries the real one, and that record may be what was lost), the sample after
+  it is left out too, as that member may really belong to it.
+
+Every sample left out is reported with its key; the damaged region itself is reported with the
+offsets it spans (samples wholly inside it cannot be named). A Corruption with a `key` (one member
+lost, its header sound) leaves out that key's sample only.
 """
 
 from __future__ import annotations
@@ -13,91 +21,67 @@ from __future__ import annotations
 from typing import Callable
 
 from shardflow.errors import SampleError, ShardflowError
-from shardflow.shards.keys import Sample, split_name
+from shardflow.shards.keys import Sample
+from shardflow.shards.tar_read import Member
 from shardflow.shards.tar_recover import Corruption
 
-Hints = list[str | None]  # names of damaged members (None: a member that cannot be named)
+_STAND_IN_LENGTH = 99  # a ustar name this long may be the first 100 bytes of a longer real name
 
 
 class DamageGuard:
     """The damage state of one shard being grouped into samples, and the decisions it leads to.
 
-    iter_samples tells it about every sample boundary and every damaged region; it reports (through
-    `problem`, which is called from this class's methods) the damage and each sample it leaves out.
+    iter_samples hands it every Corruption and, after damage, every member until the samples next
+    to the damage are behind; it reports (through `problem`) each sample it leaves out.
     """
 
     def __init__(self, url: str, problem: Callable[[ShardflowError], None]) -> None:
         self._url = url
         self._problem = problem
-        self.pending: Sample | None = None  # the sample in progress when damage was found, undecided
-        self._pending_hints: Hints = []  # damage after the pending sample
-        self._current_hints: Hints = []  # damage just before the sample in progress
-        self._next_hints: Hints = []  # damage the next new sample follows
-        self._common: frozenset[str] | None = None  # extension set shared by every clean sample so far
-        self._uniform = True  # every clean sample so far had that set
+        self._suspect: str | None = None  # key of the sample being left out after damage
+        self._budget = 0  # how many more new keys after the first one after damage are left out
+        self._first = False  # the next member is the first after the damage
+        self.active = False  # samples next to damage are still being left out
 
-    def damaged(self, damage: Corruption, current: Sample | None) -> None:
-        """Report damage found after `current`, the sample in progress, which becomes pending."""
+    def damaged(self, damage: Corruption, current: Sample | None) -> str | None:
+        """Report damage found while `current` was in progress (it is left out); returns the key whose
+        members are to be skipped from now on (the current sample's), if any."""
         self._problem(damage.error)
-        if current is not None:
-            # damage on both sides of `current` counts for it
-            self._pending_hints = self._current_hints if self._current_hints else []
-            self.pending, self._current_hints = current, []
-        self._pending_hints.append(damage.hint)
-        self._next_hints.append(damage.hint)
+        key = None if current is None else current["__key__"]
+        if damage.key is not None:  # one member lost, framing sound: only its sample is affected
+            if key is not None and key != damage.key:
+                return None  # the caller finishes `current` normally
+            self._left_out(damage.key, damage.error.offset, "a member of it could not be read")
+            return damage.key
+        if key is not None:
+            self._left_out(key, damage.error.offset, "archive damage follows it, its last members may be lost")
+        self._suspect, self._first, self.active = key, True, True
+        return key
 
-    def cut_by_damage(self, key: str) -> bool:
-        """Whether a member of `key` continues the pending sample after the damage: then the damage
-        is inside that sample, which is reported and forgotten (the caller skips the rest of it)."""
-        assert self.pending is not None
-        if key != self.pending["__key__"]:
+    def leave_out(self, member: Member, key: str) -> bool:
+        """After damage: whether `member` (of `key`) belongs to a sample that is left out."""
+        if self._first:  # the first member after the damage: its sample is left out
+            self._first = False
+            self._budget = 1 if _could_be_stand_in(member.name) else 0
+            if key != self._suspect:
+                self._left_out(key, member.offset, "it follows archive damage, its first members may be lost")
+            self._suspect = key
+            return True
+        if key == self._suspect:
+            return True
+        if self._budget == 0:
+            self.active, self._suspect = False, None
             return False
-        self._problem(SampleError("sample left out: archive damaged inside it", url=self._url, key=key))
-        self.pending, self._pending_hints, self._next_hints = None, [], []
+        self._budget -= 1
+        self._suspect = key
+        self._left_out(key, member.offset, "the member before it follows archive damage under a name that may "
+                                           "stand in for a longer one lost with the damage (it may be this sample's)")
         return True
 
-    def settle_pending(self) -> Sample | None:
-        """The pending sample when a new one starts after the damage: it if whole, else None (reported)."""
-        sample, hints = self.pending, self._pending_hints
-        self.pending, self._pending_hints = None, []
-        assert sample is not None
-        return self._settle(sample, hints)
-
-    def start(self) -> None:
-        """A new sample starts: the damage seen since the last one lies just before it."""
-        self._current_hints, self._next_hints = self._next_hints, []
-
-    def skip_next(self) -> None:
-        """The next sample is left out for another reason: the damage before it no longer matters."""
-        self._next_hints = []
-
-    def finish(self, sample: Sample) -> Sample | None:
-        """The sample in progress is complete: it if known whole, else None (reported)."""
-        hints, self._current_hints = self._current_hints, []
-        if hints:
-            return self._settle(sample, hints)
-        if self._common is None:
-            self._common = _exts(sample)
-        elif self._uniform and _exts(sample) != self._common:
-            self._uniform = False
-        return sample
-
-    def _settle(self, sample: Sample, hints: Hints) -> Sample | None:
-        if self._whole(sample, hints):
-            return sample
-        self._problem(SampleError("sample left out: next to archive damage, it may be incomplete",
-                                  url=self._url, key=sample["__key__"]))
-        return None
-
-    def _whole(self, sample: Sample, hints: Hints) -> bool:
-        """Is a sample next to damage known to be complete?"""
-        keys = {None if h is None else split_name(h)[0] for h in hints}
-        if sample["__key__"] in keys:
-            return False
-        if self._common is not None and self._uniform:
-            return _exts(sample) == self._common
-        return None not in keys
+    def _left_out(self, key: str, offset: int | None, why: str) -> None:
+        self._problem(SampleError(f"sample left out: {why}", url=self._url, key=key, offset=offset))
 
 
-def _exts(sample: Sample) -> frozenset[str]:
-    return frozenset(k for k in sample if not k.startswith("__"))
+def _could_be_stand_in(name: str) -> bool:
+    """Whether a header name may stand in for a longer one held by a (lost) pax or GNU record."""
+    return len(name) >= _STAND_IN_LENGTH or not name.isascii() or "?" in name or name == "@LongName"

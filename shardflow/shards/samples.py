@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from typing import Any, BinaryIO, Callable, Iterable, Iterator
 
-from shardflow.errors import SampleError, ShardflowError, apply_policy, check_on_error
+from shardflow.errors import RAISE, SampleError, ShardflowError, apply_policy, check_on_error
 from shardflow.shards.keys import Sample, check_key, split_name
 from shardflow.shards.records import read_records, record_format
 from shardflow.shards.sample_recover import DamageGuard
@@ -31,12 +31,12 @@ def iter_samples(members: Iterable[Member | Corruption], url: str = "", *, on_er
     `report` (`"warn"` also warns) and the offending piece is left out: a second member with an
     extension the sample has, the members of a key that reappears later, members with no extension,
     and every sample archive damage may have cut (see sample_recover). A FormatError that ends the
-    stream (truncation, corrupt gzip) is raised in every mode, after the samples known complete."""
+    stream (truncation, corrupt compression) is raised in every mode, after the samples known whole."""
     check_on_error(on_error)
     problem = functools.partial(apply_policy, on_error=on_error, report=report)  # warns at our caller
     nested = functools.partial(apply_policy, on_error=on_error, report=report, stacklevel=4)  # one call down
     guard = DamageGuard(url, nested)
-    seen: set[str] = set()
+    seen: dict[str, int] = {}  # key -> offset of its first member
     current: Sample | None = None
     skipping: str | None = None  # a key whose members are being left out
     it = iter(members)
@@ -46,19 +46,24 @@ def iter_samples(members: Iterable[Member | Corruption], url: str = "", *, on_er
         except StopIteration:
             break
         except ShardflowError as exc:
-            raise _located(exc, current if current is not None else guard.pending) from exc.__cause__
+            if current is not None and _ended_before(exc, current["__key__"]):
+                yield current  # the member cut belongs to another sample: the one in progress is whole
+                current = None
+            if current is not None and exc.key not in (None, current["__key__"]) and on_error != RAISE:
+                nested(SampleError("sample left out: the shard ends inside it", url=url, key=current["__key__"]))
+            raise _located(exc, current) from exc.__cause__
         if isinstance(member, Corruption):
-            guard.damaged(member, current)
-            current = skipping = None
+            lost = guard.damaged(member, current)
+            if lost is None and member.key is not None and current is not None:
+                yield current  # one member of the next sample was lost: the current one is whole
+            current, skipping = None, lost
+            if lost is not None:
+                seen.setdefault(lost, member.error.offset or 0)
             continue
         key, ext = split_name(member.name)
-        if guard.pending is not None:
-            if guard.cut_by_damage(key):
-                skipping = key
-                continue
-            done = guard.settle_pending()
-            if done is not None:
-                yield done
+        if guard.active and guard.leave_out(member, key):
+            seen.setdefault(key, member.offset)
+            continue
         if not ext or not key or key[-1] == "/":
             problem(_keyless(member, key, ext, url))
             continue
@@ -71,30 +76,22 @@ def iter_samples(members: Iterable[Member | Corruption], url: str = "", *, on_er
         if key == skipping:
             continue
         if current is not None:
-            done = guard.finish(current)
-            if done is not None:
-                yield done
-        current, skipping = _start(member, key, ext, url, seen, guard, nested)
-    if guard.pending is not None:
-        done = guard.settle_pending()
-        if done is not None:
-            yield done
+            yield current
+        current, skipping = _start(member, key, ext, url, seen, nested)
     if current is not None:
-        done = guard.finish(current)
-        if done is not None:
-            yield done
+        yield current
 
 
-def _start(member: Member, key: str, ext: str, url: str, seen: set[str], guard: DamageGuard,
+def _start(member: Member, key: str, ext: str, url: str, seen: dict[str, int],
            problem: ErrorSink) -> tuple[Sample | None, str | None]:
     """(the new sample, None), or (None, key) for a key seen before: its members are left out."""
-    if key in seen:
-        problem(SampleError("key reappears later in the shard (members of a sample must be adjacent)",
+    first = seen.get(key)
+    if first is not None:
+        problem(SampleError(f"key reappears later in the shard (members of a sample must be adjacent): this part is "
+                            f"left out, and the first part (offset {first}) may be incomplete",
                             url=url, key=key, offset=member.offset))
-        guard.skip_next()
         return None, key
-    seen.add(key)
-    guard.start()
+    seen[key] = member.offset
     return {"__key__": key, "__url__": url, ext: member.data}, None
 
 
@@ -105,6 +102,18 @@ def _keyless(member: Member, key: str, ext: str, url: str) -> SampleError:
                            url=url, key=key, offset=member.offset)
     return SampleError(f"member {member.name!r} is a hidden file (its name starts with '.'), so it has no sample key",
                        url=url, key=key or None, offset=member.offset)
+
+
+def _ended_before(exc: ShardflowError, key: str) -> bool:
+    """Whether a truncation cut a header whose (known) name belongs to a sample other than `key`
+    (compared by basename: the ustar prefix may have been cut off)."""
+    next_key = getattr(exc, "next_key", None)
+    if next_key is not None:
+        return next_key != key
+    name = getattr(exc, "next_name", None)
+    if name is None:
+        return False
+    return split_name(name)[0].rpartition("/")[2] != key.rpartition("/")[2]
 
 
 def _located(exc: ShardflowError, sample: Sample | None) -> ShardflowError:

@@ -1,48 +1,33 @@
-"""Exact-size reads over a tar stream, gzip sniffed from its first bytes.
+"""Exact-size reads over a tar stream, compression (gzip, bzip2, xz) sniffed from its first bytes.
 
 Why not `tarfile`: in stream mode it builds a TarInfo object per member, re-parses pax headers
 through several layers and reads in 512-byte steps, which dominates the cost of small samples. Here
 reads come out of a large buffer, so a member costs one 512-byte header parse and one slice.
+Reads are bounded: a header that claims a terabyte makes the reader pull the stream in pieces until
+it ends (then the read comes up short), never allocate what the header claims.
 """
 
 from __future__ import annotations
 
-import gzip
 import io
-import zlib
+import os
 from typing import BinaryIO, Callable
 
 from shardflow.errors import FormatError
+from shardflow.shards.tar_decompress import Decompressed, sniff
 
 _CHUNK = 1 << 20
+_MAX_READ = 16 << 20  # the most asked of the underlying stream at once, whatever a header says
 _DIRECT_READ = 4 << 20  # members at least this large are read from a local file in one piece
-_GZIP_MAGIC = b"\x1f\x8b"
-
-
-class _Prepended:
-    """A read()-able stream that first returns `head`, then the rest of `stream`."""
-
-    def __init__(self, head: bytes, stream: BinaryIO) -> None:
-        self._head = head
-        self._stream = stream
-
-    def read(self, n: int = -1) -> bytes:
-        if self._head:
-            if n < 0 or n >= len(self._head):
-                out, self._head = self._head, b""
-                if n < 0:
-                    return out + self._stream.read()
-                return out
-            out, self._head = self._head[:n], self._head[n:]
-            return out
-        return self._stream.read(n)
 
 
 class Blocks:
     """Exact-size reads over a stream with a large buffer; tracks the absolute offset.
 
     `offset` is the position in the (uncompressed) tar stream of the next byte to be read; `short`
-    tells whether the last read came up short; `gzipped` whether the stream is being decompressed.
+    tells whether the last read came up short; `bad_padding` whether padding skipped by `take` held
+    anything but zeros (every tar writer pads with zeros: a sign that a size field lies);
+    `compression` names the decompression the stream goes through ('' when none).
     """
 
     def __init__(self, read: Callable[[int], bytes], url: str, first: bytes = b"") -> None:
@@ -52,7 +37,9 @@ class Blocks:
         self._pos = 0
         self.offset = 0
         self.short = False
-        self.gzipped = False
+        self.bad_padding = False
+        self.compression = ""
+        self.failed: FormatError | None = None  # the compressed stream broke: it reads as ended
         # A local file (io.BufferedReader that can seek): large members are read with one read(n)
         # after stepping back over what is buffered here, so a 10 MB member is one 10 MB
         # allocation, not a join of two pieces (which would briefly need twice the member's size).
@@ -61,17 +48,22 @@ class Blocks:
     def take(self, n: int, skip: int = 0) -> bytes:
         """Return exactly n bytes (fewer only at end of stream), then drop `skip` more (padding).
 
-        Returns the bytes only; whether the skipped bytes were all there is told by `self.short`.
+        Returns the bytes only; whether the skipped bytes were all there is told by `self.short`, whether
+        they were zeros by `self.bad_padding`.
         """
         buf, pos = self._buf, self._pos
         end = pos + n
         if end + skip <= len(buf):
             self._pos = end + skip
             self.offset += n + skip
+            if skip and buf.count(0, end, end + skip) != skip:
+                self.bad_padding = True
             return buf[pos:end]
         data = self.read(n)
         if skip and len(data) == n:
-            self.read(skip)
+            padding = self.read(skip)
+            if padding.count(0) != len(padding):
+                self.bad_padding = True
         return data
 
     def read(self, n: int) -> bytes:
@@ -83,16 +75,18 @@ class Blocks:
             return buf[pos : pos + n]
         if n >= _DIRECT_READ and self.seekable_file is not None:
             have = len(buf) - pos
-            self.seekable_file.seek(-have, io.SEEK_CUR)
+            file = self.seekable_file
+            file.seek(-have, io.SEEK_CUR)
             self._buf, self._pos = b"", 0
-            data = self._raw(n)
+            left = os.fstat(file.fileno()).st_size - file.tell()
+            data = self._raw(max(0, min(n, left)))  # never allocate more than the file holds
             self.offset += len(data)
             self.short = len(data) < n
             return data
         parts = [buf[pos:]] if pos < len(buf) else []
         have = len(buf) - pos
         while have < n:
-            chunk = self._raw(max(n - have, _CHUNK))
+            chunk = self._raw(min(max(n - have, _CHUNK), _MAX_READ))
             if not chunk:
                 break
             parts.append(chunk)
@@ -107,12 +101,6 @@ class Blocks:
         self.offset += n
         return joined[:n]
 
-    def finish(self) -> None:
-        """At the end of the archive: read a gzip stream to its end so its CRC and length are checked."""
-        if self.gzipped:
-            while self._raw(_CHUNK):
-                pass
-
     def push_back(self, data: bytes) -> None:
         """Make `data` (just taken) the next bytes to be read again."""
         if data:
@@ -122,24 +110,44 @@ class Blocks:
             self.short = False
 
     def _raw(self, n: int) -> bytes:
+        """Read the underlying stream; a corrupt compressed stream reads as ended here (after every
+        good byte), remembered in `failed` so the truncation it causes is told with its cause."""
+        if self.failed is not None:
+            return b""
         try:
             return self._read(n)
-        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-            raise FormatError(f"corrupt gzip stream: {exc}", url=self._url, offset=self.offset) from exc
+        except FormatError as exc:
+            self.failed = exc
+            return b""
+
+    def cut(self, error: FormatError) -> FormatError:
+        """`error` (a truncation) naming the failure of the compressed stream that caused it, if any."""
+        failed = self.failed
+        if failed is None:
+            return error
+        merged = FormatError(f"{failed.reason} (at offset {failed.offset}): {error.reason}", url=error.url,
+                             key=error.key, offset=error.offset)
+        merged.__dict__.update({k: v for k, v in error.__dict__.items() if k.startswith("next_")})
+        return merged
+
+    def check(self) -> None:
+        """Before taking the end of the stream for the end of the archive: raise a failure it hides."""
+        if self.failed is not None:
+            raise self.failed
 
 
 def open_blocks(stream: BinaryIO, url: str) -> Blocks:
-    """Sniff gzip from the first bytes and return a block reader over the (decompressed) stream."""
+    """Sniff the compression from the first bytes; a block reader over the (decompressed) stream."""
     head = stream.read(_CHUNK)
-    while 0 < len(head) < 2:  # a stream that returns short reads (socket-like): get the magic
+    while 0 < len(head) < 6:  # a stream that returns short reads (socket-like): get the magic
         more = stream.read(_CHUNK)
         if not more:
             break
         head += more
-    if head[:2] == _GZIP_MAGIC:
-        unzipped = gzip.GzipFile(fileobj=_Prepended(head, stream), mode="rb")  # type: ignore[arg-type]
-        blocks = Blocks(unzipped.read, url)
-        blocks.gzipped = True
+    compression = sniff(head)
+    if compression is not None:
+        blocks = Blocks(Decompressed(compression, head, stream, url).read, url)
+        blocks.compression = compression
         return blocks
     blocks = Blocks(stream.read, url, head)
     if getattr(stream, "local_file", False):  # a CountingReader over a local file

@@ -10,6 +10,7 @@ from __future__ import annotations
 from zlib import adler32
 
 from shardflow.errors import FormatError
+from shardflow.shards.keys import split_name
 
 BLOCK = 512
 ZERO_BLOCK = bytes(BLOCK)
@@ -57,14 +58,14 @@ def pax_records(data: bytes, url: str, offset: int) -> dict[str, str]:
     """The `key=value` records of a pax header's data; FormatError when they are malformed."""
     records: dict[str, str] = {}
     pos = 0
-    while pos < len(data) and data[pos] != 0:
+    while pos < len(data):  # the records fill the data exactly: zeros or junk in it are damage
         space = data.find(b" ", pos)
         try:
             length = int(data[pos:space])
-            key, _, value = data[space + 1 : pos + length - 1].partition(b"=")
+            key, eq, value = data[space + 1 : pos + length - 1].partition(b"=")
         except ValueError as exc:
             raise FormatError("malformed pax header", url=url, offset=offset) from exc
-        if length <= 0 or space < 0 or pos + length > len(data):
+        if length <= 0 or space < 0 or pos + length > len(data) or not eq or data[pos + length - 1] != 10:
             raise FormatError("malformed pax header", url=url, offset=offset)
         records[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
         pos += length
@@ -86,19 +87,13 @@ def member_name(header: bytes, long_name: str | None, pax: dict[str, str]) -> st
     return pax.get("path") or long_name or header_name(header)
 
 
-def clean_name(raw: str) -> str | None:
-    """`raw` if it is printable text (a plausible member name), else None."""
-    if not raw or not raw.isprintable():
-        return None
-    try:
-        raw.encode("utf-8")
-    except UnicodeEncodeError:  # surrogate-escaped bytes: not valid UTF-8, do not trust it
-        return None
-    return raw
-
-
 def truncated_header(header: bytes, offset: int, url: str) -> FormatError:
-    """The error for a header block cut short at `offset` (an empty file, a non-tar, a truncation)."""
+    """The error for a header block cut short at `offset` (an empty file, a non-tar, a truncation).
+
+    When the cut header is a regular file's and its name field was read whole, the error carries it
+    as `next_name` and names its key (the ustar prefix may be cut off: only the basename is sure), so
+    sample grouping can tell that the sample in progress ended before the cut (tar_read sets
+    `next_key` likewise for a member cut inside its data)."""
     if offset == 0:
         reason = "empty file, not a tar archive" if not header else (
             f"not a tar archive (only {len(header)} bytes, a tar header needs {BLOCK})"
@@ -107,4 +102,9 @@ def truncated_header(header: bytes, offset: int, url: str) -> FormatError:
         reason = "truncated tar: stream ended without the end-of-archive marker"
     else:
         reason = f"truncated tar: header needs {BLOCK} bytes, got {len(header)}"
-    return FormatError(reason, url=url, offset=offset)
+    name = None
+    if len(header) > 156 and header[156:157] in REGULAR and b"\0" in header[:100]:
+        name = header_name(header) if len(header) >= 500 else cstring(header[:100]).decode("utf-8", "surrogateescape")
+    error = FormatError(reason, url=url, key=None if name is None else split_name(name)[0], offset=offset)
+    error.next_name = name  # type: ignore[attr-defined]
+    return error

@@ -1,9 +1,12 @@
-"""Streaming tar reading: the regular files of a (gzip-compressed) tar, in order, bounded memory.
+"""Streaming tar reading: the regular files of a (compressed) tar, in order, bounded memory.
 
-Supported: ustar, GNU (long names `L`/`K`, base-256 sizes) and pax (`x` headers: path, size), gzip
-auto-detected from the magic bytes, multi-member gzip. Directories, links and devices are skipped.
-Anything malformed raises FormatError with the byte offset (in the uncompressed tar stream) of the
-header at fault; with `resync=True` damaged headers are handed to tar_recover instead.
+Supported: ustar, GNU (long names `L`/`K`, base-256 sizes, sparse `S`) and pax (`x` headers: path,
+size, GNU sparse records), gzip/bzip2/xz auto-detected from the magic bytes, concatenated streams.
+Directories, links and devices are skipped. Anything malformed raises FormatError with the byte
+offset (in the uncompressed tar stream) of the header at fault; with `resync=True` the damage is
+reported as a Corruption instead and reading goes on (tar_recover holds those rules). A member is
+never yielded when the framing around it is in doubt: a padding that is not zeros, or data whose
+last block is itself a valid header, means its size field lies.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import BinaryIO, Generator, Iterator
 
 from shardflow.errors import FormatError
 from shardflow.shards.keys import split_name
-from shardflow.shards.tar_blocks import open_blocks
+from shardflow.shards.tar_blocks import Blocks, open_blocks
 from shardflow.shards.tar_headers import (
     BLOCK,
     REGULAR,
@@ -26,7 +29,11 @@ from shardflow.shards.tar_headers import (
     pax_records,
     truncated_header,
 )
-from shardflow.shards.tar_recover import Carried, Corruption, Resync
+from shardflow.shards.tar_recover import Corruption, Resync
+from shardflow.shards.tar_sparse import gnu_extended, gnu_map, is_pax_sparse, pax_map, rebuild
+
+# (long name, pax records) that describe the next member, as the reading loop carries them
+Carried = tuple[str | None, dict[str, str]]
 
 
 @dataclass(slots=True)
@@ -39,98 +46,182 @@ class Member:
 
 
 # The loop is one function on purpose: it runs once per member, and splitting it would add a call
-# per member on the hot path; the damage handling it delegates to Resync is what keeps it short.
+# per member on the hot path; damage and rare entries (sparse, metadata) are handled by helpers.
 def iter_members(stream: BinaryIO, url: str = "", *, resync: bool = False) -> Iterator[Member | Corruption]:
-    """Yield the regular files of a tar stream in order, one at a time (bounded memory).
-
-    `resync=True`: each damaged region yields one Corruption, then reading resumes at the next valid
-    header. Truncation, corrupt gzip and a file that is not a tar raise FormatError in both modes."""
+    """Yield the regular files of a tar stream in order (bounded memory). `resync=True`: each damaged region
+    yields a Corruption, reading resumes at the next valid header; truncation, a non-tar always raise."""
     blocks = open_blocks(stream, url)
-    recovery = Resync(blocks, url) if resync else None
+    recovery = Resync(blocks, url, resync)
     take = blocks.take
     long_name: str | None = None
-    pax: dict[str, str] = {}
+    pax: dict[str, str] = _NO_PAX
     while True:
         offset = blocks.offset
         header = take(BLOCK)
         if len(header) < BLOCK:
-            raise truncated_header(header, offset, url)
-        if header == ZERO_BLOCK:
-            if recovery is not None and recovery.pending is not None:
-                yield recovery.release_pending(None)
-            blocks.finish()
-            return
-        if not checksum_ok(header):
-            carried = yield from _bad_checksum(recovery, header, offset, url, long_name, pax)
-            if carried is None:
-                return  # the stream ended inside the damage
-            long_name, pax = carried
+            raise blocks.cut(truncated_header(header, offset, url))
+        if header == ZERO_BLOCK or not checksum_ok(header):
+            more = yield from _not_a_header(recovery, blocks, header, long_name is None and not pax, url, offset)
+            if not more:
+                return
+            long_name, pax = None, _NO_PAX
             continue
         typeflag = header[156:157]
         try:
             size = int(pax["size"]) if "size" in pax else parse_number(header[124:136])
-            if size < 0:
-                raise ValueError(size)
-        except ValueError as exc:
-            error = FormatError("bad size field in tar header", url=url, offset=offset)
-            if recovery is None:
-                raise error from exc
-            if not (yield from recovery.skip_damage(error)):
+        except ValueError:
+            size = -1
+        if size < 0 or typeflag == b"S":
+            more = yield from _rare(recovery, blocks, header, size, (long_name, pax), offset, url)
+            if not more:
                 return
-            long_name, pax = None, {}
+            long_name, pax = None, _NO_PAX
             continue
         data = take(size, -size % BLOCK)
         if len(data) < size or blocks.short:
-            raise _truncated_member(member_name(header, long_name, pax), size, len(data), url, offset)
+            raise blocks.cut(_truncated_member(member_name(header, long_name, pax), size, len(data), url, offset,
+                                               typeflag))
+        tail = size % BLOCK or BLOCK  # the bytes of data in its last block
+        if blocks.bad_padding or (size and tail > 155 and 48 <= data[size - tail + 153] <= 55
+                                  and _ends_with_header(data, size)):
+            if not (yield from recovery.skip(_size_lies(blocks, header, (long_name, pax), offset, url))):
+                return
+            long_name, pax = None, _NO_PAX
+            continue
         if typeflag in REGULAR:
+            if long_name is None and not pax:
+                yield Member(header_name(header), data, offset)
+                continue
             name = pax.get("path") or long_name or header_name(header)
-            if recovery is not None and recovery.pending is not None:
-                yield recovery.release_pending(name)  # the damaged metadata described this member
-            yield Member(name, data, offset)
+            if pax and is_pax_sparse(pax):
+                yield from _pax_sparse(recovery, pax, name, data, url, offset)
+            else:
+                yield Member(name, data, offset)
+            long_name, pax = None, _NO_PAX
         elif typeflag in _METADATA:
             try:
-                long_name, pax = _metadata(typeflag, data, long_name, pax, url, offset)
-            except FormatError:
-                if recovery is None:
-                    raise
-                if not (yield from recovery.skip_damage(FormatError("malformed pax header", url=url, offset=offset))):
+                long_name, pax = _metadata(typeflag, data, (long_name, pax), url, offset)
+            except FormatError as error:
+                long_name, pax = None, _NO_PAX
+                if not (yield from recovery.skip(error)):
                     return
-                long_name, pax = None, {}
-            continue
-        elif recovery is not None and recovery.pending is not None:  # it described a directory or link
-            yield recovery.release_pending(None)
-        long_name, pax = None, {}
+        else:
+            long_name, pax = None, _NO_PAX
 
+
+_NO_PAX: dict[str, str] = {}  # shared, never changed: pax_records makes a new dict for each pax header
 
 # Entries that describe the next member rather than being one: GNU long name (L) and long link name
 # (K), pax extended (x) and global (g) headers.
 _METADATA = (b"L", b"x", b"K", b"g")
 
 
-def _metadata(typeflag: bytes, data: bytes, long_name: str | None, pax: dict[str, str], url: str,
-              offset: int) -> Carried:
-    """The (long name, pax records) the next member is read with after a metadata entry."""
+def _ends_with_header(data: bytes, size: int) -> bool:
+    """Whether the member's last block (with its zero padding) is a valid tar header: then the size
+    field claimed the next header as data (a cheap pre-check of the checksum field first)."""
+    start = size - (size % BLOCK or BLOCK)
+    if size - start < 156 or not data[start + 148 : start + 154].strip(b" ").isdigit():
+        return False
+    block = data[start:]
+    return checksum_ok(block + bytes(BLOCK - len(block)))
+
+
+def _size_lies(blocks: Blocks, header: bytes, carried: Carried, offset: int, url: str) -> FormatError:
+    blocks.bad_padding = False
+    name = member_name(header, *carried)
+    return FormatError(f"the data of member {name!r} does not end where its size field says (non-zero padding, "
+                       "or a tar header inside it): the header or the stream is damaged", url=url, offset=offset)
+
+
+def _not_a_header(recovery: Resync, blocks: Blocks, header: bytes, bare: bool, url: str, offset: int
+                  ) -> Generator[Corruption, None, bool]:
+    """A zero block or a bad checksum where a header belongs; `bare`: no pax or long-name header
+    came before it. False when the archive ends here."""
+    if header == ZERO_BLOCK:
+        if bare:
+            return (yield from recovery.zero_block(offset))
+        error = FormatError("a pax or long-name header not followed by its member", url=url, offset=offset)
+        return (yield from recovery.skip(error))
+    if offset == 0 and header[257:262] != b"ustar":
+        raise _not_tar(blocks, url)
+    return (yield from recovery.skip(FormatError("bad tar header checksum", url=url, offset=offset)))
+
+
+def _rare(recovery: Resync, blocks: Blocks, header: bytes, size: int, carried: Carried, offset: int,
+          url: str) -> Generator[Member | Corruption, None, bool]:
+    """A bad size field (damage; `size` < 0) or an old-GNU sparse member; False when the stream ended."""
+    if size < 0:
+        return (yield from recovery.skip(FormatError("bad size field in tar header", url=url, offset=offset)))
+    name = member_name(header, *carried)
+    extensions: list[bytes] = []
+    more_blocks = gnu_extended(header[482:483])
+    while more_blocks:  # the map goes on in extension blocks between the header and the data
+        block = blocks.take(BLOCK)
+        if len(block) < BLOCK:
+            raise blocks.cut(_truncated_member(name, BLOCK, len(block), url, offset))
+        extensions.append(block)
+        more_blocks = gnu_extended(block[504:505])
+    data = blocks.take(size, -size % BLOCK)
+    if len(data) < size or blocks.short:
+        raise blocks.cut(_truncated_member(name, size, len(data), url, offset))
+    try:
+        regions, real = gnu_map(header, extensions)
+        member = Member(name, rebuild(regions, real, data, name, url, offset), offset)
+    except (ValueError, FormatError) as exc:
+        yield from recovery.member_lost(_sparse_error(exc, name, url, offset), split_name(name)[0])
+        return True
+    yield member
+    return True
+
+
+def _pax_sparse(recovery: Resync, pax: dict[str, str], name: str, data: bytes, url: str, offset: int
+                ) -> Generator[Member | Corruption, None, None]:
+    """A pax (GNU.sparse.*) sparse member, rebuilt under its real name, or reported when it cannot be."""
+    try:
+        regions, real, stored, real_name = pax_map(pax, data)
+        name = real_name or name
+        member = Member(name, rebuild(regions, real, stored, name, url, offset), offset)
+    except (ValueError, KeyError, FormatError) as exc:
+        yield from recovery.member_lost(_sparse_error(exc, name, url, offset), split_name(name)[0])
+        return
+    yield member
+
+
+def _sparse_error(exc: Exception, name: str, url: str, offset: int) -> FormatError:
+    if isinstance(exc, FormatError):
+        return exc
+    return FormatError(f"sparse member {name!r} cannot be rebuilt: {exc}", url=url, offset=offset)
+
+
+def _not_tar(blocks: Blocks, url: str) -> FormatError:
+    """The error for a stream whose first block is not a tar header (naming its compression)."""
+    inside = f" ({blocks.compression}-compressed data, but not a tar inside)" if blocks.compression else ""
+    return FormatError(f"not a tar archive (no valid tar header at the start){inside}", url=url, offset=0)
+
+
+def _metadata(typeflag: bytes, data: bytes, carried: Carried, url: str, offset: int) -> Carried:
+    """The (long name, pax records) the next member is read with after a metadata entry; FormatError
+    when they are malformed (an empty long name: its data was zeroed) or repeated (no writer puts two
+    before one member: the member the first one described lost its header)."""
+    long_name, pax = carried
     if typeflag == b"L":
-        return cstring(data).decode("utf-8", "surrogateescape"), pax
+        name = cstring(data).decode("utf-8", "surrogateescape")
+        if not name or long_name is not None:
+            raise FormatError("empty GNU long name, or two in a row", url=url, offset=offset)
+        return name, pax
     if typeflag == b"x":
+        if pax:  # the member the first one described is missing (its header lost)
+            raise FormatError("two pax headers in a row", url=url, offset=offset)
         return long_name, pax_records(data, url, offset)
     return long_name, pax  # K and g carry nothing a regular file needs
 
 
-def _bad_checksum(
-    recovery: Resync | None, header: bytes, offset: int, url: str, long_name: str | None, pax: dict[str, str]
-) -> Generator[Corruption, None, Carried | None]:
-    """A header whose checksum is wrong: raise, or (resync) report it and read on past the damage."""
-    if offset == 0 and header[257:262] != b"ustar":
-        raise FormatError("not a tar archive (no valid tar header at the start)", url=url, offset=0)
-    error = FormatError("bad tar header checksum", url=url, offset=offset)
-    if recovery is None:
-        raise error
-    return (yield from recovery.bad_header(error, header, offset, long_name, pax))
-
-
-def _truncated_member(name: str, size: int, got: int, url: str, offset: int) -> FormatError:
-    """The error for a member whose data (or its block padding) the stream ended inside."""
+def _truncated_member(name: str, size: int, got: int, url: str, offset: int, typeflag: bytes = b"0") -> FormatError:
+    """The error for a member whose data (or its block padding) the stream ended inside; it names
+    the member's key when the member is a regular file (a pax/long-name entry's name is not one)."""
     missing = f"got {got}" if got < size else "block padding missing"
-    return FormatError(f"truncated tar: member {name!r} needs {size} bytes, {missing}",
-                       url=url, key=split_name(name)[0], offset=offset)
+    key = split_name(name)[0] if typeflag in REGULAR else None
+    error = FormatError(f"truncated tar: member {name!r} needs {size} bytes, {missing}",
+                        url=url, key=key, offset=offset)
+    error.next_key = key  # type: ignore[attr-defined]
+    return error

@@ -1,163 +1,144 @@
-"""Reading on past damage in a tar archive (`iter_members(..., resync=True)`).
+"""What the tar reader does at damage: raise it, or (`iter_members(..., resync=True)`) report it as
+one `Corruption` and read on at the next block that is a valid header.
 
-Kept apart from the plain reading path: tar_read calls a `Resync` only when a header is bad, so a
-sound archive never runs this code, and every rule about damage lives here. A damaged header is
-reported as one `Corruption`, then reading resumes at the next block that is a valid header.
-Whether the lost member can be named (so that sample grouping knows which sample it cut) is decided
-by `Resync.bad_header`: only when the damaged header's size field leads exactly to a valid header.
+Kept apart from the plain reading path so every rule about damage lives here. The rules:
+
+- Nothing of a damaged header is trusted: not its size (a size that happens to land on a valid
+  header skipped whole samples unreported), not its name (it named the wrong sample). After a bad
+  header the stream is scanned block by block to the next header whose checksum is right.
+- The end of an archive is two zero blocks. A lone zero block followed by more data is damage (GNU
+  tar warns "A lone zero block"); one zero block and then the end of the stream is a cut-short end
+  (reported: the last member may have lost a block, and so be read with the marker's zeros).
+  After the end marker the stream is read on (a compressed one to its end, where its checksum is
+  checked; a plain one for at most 1 MiB): zeros are padding; a valid header there is damage (a
+  zeroed header of a member whose data is zeros looks just like it; concatenated archives too:
+  they must be read one by one); other bytes are ignored with a warning.
+- A Corruption says where the damaged region starts (`error.offset`) and where reading resumed
+  (`end`), so the samples it may have hidden can be accounted for; `key` is set only when the
+  damage is confined to one member whose header was sound (a sparse member that cannot be rebuilt):
+  then only that member's sample is affected.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Generator
 
-from shardflow.errors import FormatError
-from shardflow.shards.keys import split_name
+from shardflow.errors import FormatError, ShardflowWarning
 from shardflow.shards.tar_blocks import Blocks
-from shardflow.shards.tar_headers import (
-    BLOCK,
-    REGULAR,
-    ZERO_BLOCK,
-    checksum_ok,
-    clean_name,
-    cstring,
-    member_name,
-    parse_number,
-    pax_records,
-    truncated_header,
-)
+from shardflow.shards.tar_headers import BLOCK, ZERO_BLOCK, checksum_ok, truncated_header
 
-# A damaged header whose size field says at most this much is checked by reading that far to see
-# whether a valid header follows (then exactly one entry is lost and its name is known).
-_TRIAL_LIMIT = 64 << 20
+_AFTER_END = 1 << 20  # how far past the end marker a plain stream is read (looking for damage)
 
-# (long name, pax records) that describe the next member, as the reading loop carries them
-Carried = tuple[str | None, dict[str, str]]
 
 
 @dataclass(slots=True)
 class Corruption:
-    """Yielded instead of raising when `resync=True`: the archive was damaged at `error.offset`.
+    """Yielded instead of raising when `resync=True`: the archive is damaged from `error.offset`.
 
-    `hint` is the name of the member the damaged header described, when that can be told reliably
-    (the damaged header's size field leads exactly to a valid header, and its name is clean text);
-    None when the damage is too wide to tell. A member whose own header is damaged is never yielded;
-    when a damaged pax/GNU long-name header precedes a member, that member is yielded after the
-    Corruption (under the recovered name, which is also the hint) so the reader can leave its sample
-    out.
+    `end`: the offset where reading resumed (None when the stream ended inside the damage).
+    `key`: set when only the member with this key was lost (its header was sound); else the damage
+    may have hidden any number of members, whose names are unknown.
     """
 
     error: FormatError
-    hint: str | None = None
-
-
-def _corruption(error: FormatError, hint: str | None) -> Corruption:
-    """A Corruption whose error also names the damaged member's key when it is known."""
-    return Corruption(error if hint is None else error.with_location(key=split_name(hint)[0]), hint)
+    end: int | None = None
+    key: str | None = None
 
 
 class Resync:
-    """The damage state of one archive being read with resync=True.
+    """The damage policy of one archive being read: raise (resync=False) or report and read on."""
 
-    `pending` is set while a damaged pax/long-name header was skipped whose member comes next: that
-    member's Corruption is released (named after it) when the member is read.
-    """
-
-    def __init__(self, blocks: Blocks, url: str) -> None:
+    def __init__(self, blocks: Blocks, url: str, resync: bool) -> None:
         self._blocks = blocks
         self._url = url
-        self.pending: FormatError | None = None
+        self.resync = resync
 
-    def release_pending(self, name: str | None) -> Corruption:
-        """The Corruption of the damaged metadata, naming the member it described when known."""
-        error, self.pending = self.pending, None
-        assert error is not None
-        return _corruption(error, None if name is None else clean_name(name))
+    def member_lost(self, error: FormatError, key: str) -> Generator[Corruption, None, None]:
+        """A member read whole but unusable (its header was sound): raise, or report its key."""
+        if not self.resync:
+            raise error
+        yield Corruption(error.with_location(key=key), self._blocks.offset, key)  # type: ignore[arg-type]
 
-    def bad_header(
-        self, error: FormatError, header: bytes, offset: int, long_name: str | None, pax: dict[str, str]
-    ) -> Generator[Corruption, None, Carried | None]:
-        """After a header with a bad checksum: report it and position the stream after the damage.
-
-        Returns the (long name, pax) the next header is read with, or None when the stream ended
-        cleanly inside the damage.
-        """
-        if self.pending is not None:
-            yield self.release_pending(None)
-        bound = self._try_bound(header, offset, long_name, pax)
-        if bound is None:
-            more = yield from self.skip_damage(error)
-            return (None, {}) if more else None
-        hint, long_name, pax = bound
-        if hint is None and (long_name is not None or pax):
-            self.pending = error  # the member this metadata describes comes next
-            return long_name, pax
-        yield _corruption(error, hint)
-        return None, {}
-
-    def skip_damage(self, error: FormatError) -> Generator[Corruption, None, bool]:
-        """Read on to the next block that is a valid header (left to be read next), reporting the
-        damaged region once; False when the stream ended there after zero blocks (a clean end).
-
-        A stream that ends otherwise inside the damage raises the truncation, after the report.
-        """
+    def skip(self, error: FormatError) -> Generator[Corruption, None, bool]:
+        """Damage at `error.offset`: raise it, or read on to the next valid header (left to be read
+        next) and report the region once. False when the stream ended there after zero blocks (a
+        clean end); a stream that ends otherwise inside the damage raises the truncation."""
+        if not self.resync:
+            raise error
         blocks = self._blocks
         zeros = False  # the last block read was all zeros
         while True:
             offset = blocks.offset
             header = blocks.take(BLOCK)
             if len(header) < BLOCK:
-                yield Corruption(error)
+                yield Corruption(_region(error, None))
                 if zeros and not header:
-                    return False  # the stream is at its end: a gzip stream was checked by reading it
-                raise truncated_header(header, offset, self._url)
+                    blocks.check()
+                    return False
+                raise blocks.cut(truncated_header(header, offset, self._url))
             if header == ZERO_BLOCK:
                 zeros = True
                 continue
             zeros = False
             if checksum_ok(header):
                 blocks.push_back(header)
-                yield Corruption(error)
+                yield Corruption(_region(error, offset), offset)
                 return True
 
-    def _try_bound(
-        self, header: bytes, offset: int, long_name: str | None, pax: dict[str, str]
-    ) -> tuple[str | None, str | None, dict[str, str]] | None:
-        """Does the damaged header's size field lead exactly to a valid header?
-
-        If so, skip that one entry and return (hint, long_name, pax): for a regular member the hint
-        is its name; for a pax/long-name header its records are taken so the next member gets its
-        real name. Otherwise put back what was read and return None.
-        """
-        typeflag = header[156:157]
-        if typeflag not in (*REGULAR, b"L", b"x"):
-            return None
-        try:
-            size = parse_number(header[124:136])
-        except ValueError:
-            return None
-        if not 0 <= size <= _TRIAL_LIMIT:
-            return None
+    def zero_block(self, offset: int) -> Generator[Corruption, None, bool]:
+        """A zero block where a header belongs (at `offset`, already read): the end, or damage.
+        True when reading goes on (at the next valid header), False at the end of the archive (the
+        end marker cut short is reported first: the sample in progress is not known whole)."""
         blocks = self._blocks
-        padded = size + (-size % BLOCK)
-        body = blocks.read(padded)
-        after = blocks.read(BLOCK)
-        if len(body) != padded or len(after) != BLOCK or not (after == ZERO_BLOCK or checksum_ok(after)):
-            blocks.push_back(body + after)
-            return None
-        blocks.push_back(after)
-        if typeflag == b"L":
-            name = clean_name(cstring(body[:size]).decode("utf-8", "surrogateescape"))
-            if name is None:
-                blocks.push_back(body)
-                return None
-            return None, name, {}
-        if typeflag == b"x":
-            try:
-                records = pax_records(body[:size], self._url, offset)
-            except FormatError:
-                blocks.push_back(body)
-                return None
-            return None, None, records
-        return clean_name(member_name(header, long_name, pax)), None, {}
+        second = blocks.take(BLOCK)
+        if second == ZERO_BLOCK:
+            return (yield from self._after_end(offset))
+        if len(second) < BLOCK:  # a lost block of the last member's data can look just like this
+            blocks.check()
+            error = FormatError("truncated tar: the end-of-archive marker is cut short (one zero block, it is two)",
+                                url=self._url, offset=offset)
+            if not self.resync:
+                raise error
+            yield Corruption(_region(error, None))
+            return False
+        blocks.push_back(second)
+        error = FormatError("a lone zero block where a header belongs, followed by more data (the end of an "
+                            "archive is two zero blocks): a damaged or zeroed header", url=self._url, offset=offset)
+        return (yield from self.skip(error))
+
+    def _after_end(self, marker: int) -> Generator[Corruption, None, bool]:
+        """After the end-of-archive marker at `marker`: read the rest of the stream (bounded memory)."""
+        blocks = self._blocks
+        junk = 0
+        # A compressed stream is read to its end (its checksum is checked there); a plain one at most
+        # _AFTER_END bytes further (a pipe may never end).
+        stop = None if blocks.compression else blocks.offset + _AFTER_END
+        while stop is None or blocks.offset < stop:
+            offset = blocks.offset
+            block = blocks.take(BLOCK)
+            if not block:
+                break
+            if block.count(0) == len(block):  # zeros: padding
+                continue
+            if len(block) == BLOCK and checksum_ok(block):
+                blocks.push_back(block)
+                error = FormatError(f"end-of-archive marker followed by more tar members at offset {offset} (a "
+                                    "zeroed header, or archives concatenated: read them one by one)",
+                                    url=self._url, offset=marker)
+                return (yield from self.skip(error))
+            junk += len(block)
+        blocks.check()
+        if junk:
+            warnings.warn(f"shard {self._url}: {junk} bytes of data after the end-of-archive marker (offset "
+                          f"{marker}) ignored", ShardflowWarning, stacklevel=4)
+        return False
+
+
+def _region(error: FormatError, end: int | None) -> FormatError:
+    """The damage's error, saying first (messages may be cut short) where reading resumed, so the
+    region's extent is known, or that the stream ended inside it."""
+    head = f"damaged up to offset {end} (reading resumed there)" if end is not None else (
+        "damaged up to the end of the stream")
+    return FormatError(f"{head}: {error.reason}", url=error.url, key=error.key, offset=error.offset)
