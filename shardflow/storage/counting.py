@@ -33,6 +33,15 @@ class CountingReader:
         self.nbytes += offset
         return position
 
+    def tell(self) -> int:
+        return self._stream.tell()
+
+    def fileno(self) -> int:
+        """The local file's descriptor (the block reader bounds a read by the file's size)."""
+        if not self.local_file:
+            raise io.UnsupportedOperation("not a local file")
+        return self._stream.fileno()
+
 
 def _seekable(stream: io.BufferedReader) -> bool:
     try:
