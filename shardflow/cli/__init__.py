@@ -11,6 +11,9 @@ COMMAND_MODULES = (
     "shardflow.cli.inspect",  # ls, cat, stats
     "shardflow.cli.jobs",  # run, plan, status, demo
     "shardflow.cli.cluster",  # worker, k8s, argo
+    "shardflow.cli.tools_jobs",  # split, cat (-o: concatenate; replaces inspect's cat), sort, map
+    "shardflow.cli.tools_make",  # create, head
+    "shardflow.cli.tools_view",  # tsv, show
 )
 
 
