@@ -1,7 +1,7 @@
 """What the shell tools (create, split, cat -o, head, sort, tsv, show, map) share: options, running
 their job on a backend with the report and exit codes of `shardflow run`, and terminal-safe text.
 
-Exit codes as `shardflow run`: 0 done, 1 some tasks (or samples, for the in-process tools) failed,
+Exit codes as `shardflow run`: 0 done, 1 some tasks or samples failed (left out, logged),
 2 the tool could not start (bad spec, option, refused plan), 130 interrupted (rerun to resume).
 """
 
@@ -95,9 +95,13 @@ def run_tool_job(make_job: Callable[[], Any], kw: dict[str, Any]) -> None:
     if report.interrupted:
         click.echo("shardflow: interrupted; run the same command again to resume", err=True)
         raise SystemExit(EXIT_INTERRUPTED)
+    status = f"`shardflow status {printable(report.run_dir)}`"
     if report.failed or not report.ok:
-        click.echo(f"shardflow: {len(report.failed)} of {report.tasks} tasks failed; see `shardflow status "
-                   f"{printable(report.run_dir)}`, fix the cause and run the same command again", err=True)
+        click.echo(f"shardflow: {len(report.failed)} of {report.tasks} tasks failed; see {status}, fix the cause "
+                   "and run the same command again", err=True)
+        raise SystemExit(EXIT_FAILED)
+    if report.stats.failed:  # the tasks finished, but without some samples: say so in the exit status
+        click.echo(f"shardflow: {report.stats.failed} samples failed and were left out; see {status}", err=True)
         raise SystemExit(EXIT_FAILED)
 
 

@@ -22,7 +22,9 @@ _job_seed: ContextVar[int] = ContextVar("shardflow_job_seed", default=0)
 
 def stable_seed(*parts: Any) -> int:
     """A 63-bit seed from the parts' text, identical on every machine and Python version."""
-    digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
+    # surrogateescape: a key from a tar with non-UTF-8 bytes in its name is data, not an error
+    text = "\x1f".join(map(str, parts)).encode("utf-8", "surrogateescape")
+    digest = hashlib.blake2b(text, digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
 
 

@@ -5,8 +5,9 @@ For each sample: a fresh private directory (mkdtemp, mode 0700) receives the mem
 with no stdin, a timeout, its own process group (killed whole on timeout) and a clean environment
 (PATH, HOME and TMPDIR pointing into the sample's directory, LANG/LC_ALL=C.UTF-8, plus what the user
 passes); then every file in the directory is read back as the output sample: deleted files dropped,
-new files added, `__key__` kept. A non-zero exit or a timeout raises CommandFailed (a SampleError)
-with the tail of the command's stderr, so the job's error policy counts it and errors/ logs it.
+new files added, `__key__` kept; no file left drops the sample. A non-zero exit or a timeout raises
+CommandFailed (a SampleError) with the tail of the command's stderr, so the job's error policy counts
+it and errors/ logs it.
 
 `parallel=N` runs N samples of a task at once in threads (each waits on its subprocess with the GIL
 released): run_task applies the fn's `arrange_samples` stage to the input stream, which starts the
@@ -60,7 +61,7 @@ class ShellCommand:
         self.shell = shell
         self.__name__ = "shell"
 
-    def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
+    def __call__(self, sample: dict[str, Any]) -> dict[str, Any] | None:
         if _RESULT in sample:  # started ahead by arrange_samples
             result = sample[_RESULT]
             if isinstance(result, BaseException):
@@ -93,8 +94,9 @@ class ShellCommand:
         except Exception as exc:  # noqa: BLE001 - handed to __call__, which raises it under the policy
             return exc
 
-    def run(self, sample: dict[str, Any]) -> dict[str, Any]:
-        """Run the command on one sample (raw bytes) and return the files it leaves, as a sample."""
+    def run(self, sample: dict[str, Any]) -> dict[str, Any] | None:
+        """Run the command on one sample (raw bytes) and return the files it leaves, as a sample
+        (None, which drops the sample, when it leaves none: `[ -s x.txt ] || rm -f *` filters)."""
         key, url = sample["__key__"], sample.get("__url__", "")
         top = tempfile.mkdtemp(prefix="shardflow-sh-", dir=self.tmpdir)
         try:
@@ -106,7 +108,8 @@ class ShellCommand:
                 code = self._execute(work, top, stderr)
             if code != 0:
                 raise CommandFailed(_failure(code, self.timeout, _tail(stderr_path)), url=url, key=key)
-            return read_sample(work, key, url)
+            out = read_sample(work, key, url)
+            return out if len(out) > 1 else None  # no file left: the sample is dropped (a filter)
         finally:
             shutil.rmtree(top, ignore_errors=True)
 
