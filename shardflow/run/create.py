@@ -161,6 +161,9 @@ def write_shards(samples: list[PlannedSample], pattern: str, *, maxcount: int, m
                  storage_options: dict[str, Any] | None, jobs: int = 16,
                  progress: Callable[[int], None] | None = None) -> list[ShardInfo]:
     """Write the planned samples into shards named by `pattern` ({part} or %d: the shard index)."""
+    if "{" not in pattern and "%" not in pattern and len(samples) > maxcount:
+        raise JobError(f"output {pattern!r} names one shard but {len(samples)} samples need more "
+                       f"(--maxcount {maxcount}); give a pattern with {{part:06d}}")
     writer = ShardWriter(_shard_pattern(pattern), maxcount=maxcount, maxsize=maxsize,
                          storage_options=so.options_for(pattern, storage_options))
     with writer:
