@@ -46,13 +46,13 @@ _PROGRESS = click.option("--progress/--no-progress", default=None, help="progres
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--keys", type=click.Choice(["from-path", "index"]), default="from-path", show_default=True,
               help="sample keys: the file paths (without extension), or 000000, 000001, ... in order")
-@click.option("--jobs", "-j", type=click.IntRange(1, 512), default=16, show_default=True,
-              help="reads in flight (threads): helps most with object stores and network file systems")
+@click.option("--jobs", "-j", type=click.IntRange(1, 512), default=None,
+              help="reads in flight (threads) [default: 4 for local files, 32 for remote ones]")
 @_PROGRESS
 @allow_pipe_option
 @storage_option
 def create_command(source: str, output: str, recipe: bool, maxcount: int, maxsize: float, shuffle: bool,
-                   seed: int, keys: str, jobs: int, progress: bool | None, allow_pipe: bool,
+                   seed: int, keys: str, jobs: int | None, progress: bool | None, allow_pipe: bool,
                    storage_option: tuple[str, ...]) -> None:
     """Create shards from files (tarp create / tarcreate).
 
