@@ -294,3 +294,22 @@ def test_stable_seed_takes_keys_that_are_not_utf8():
 
     assert stable_seed(0, "\udcff\udcfe") != stable_seed(0, "\udcfe\udcff")
     assert stable_seed(0, "plain") == stable_seed(0, "plain")
+
+
+def test_a_task_that_stops_early_kills_the_commands_in_flight(tmp_path):
+    """A truncated shard (or Ctrl-C) while -p 2 commands run: they are killed at once, not awaited."""
+
+    def truncated():
+        for i in range(2):
+            yield {"__key__": f"k{i}", "__url__": "u", "txt": b"x"}
+        raise sf.FormatError("truncated tar", url="u")
+
+    command = ShellCommand("sleep 30", parallel=2, tmpdir=str(tmp_path))
+    started = time.monotonic()
+    with pytest.raises(sf.FormatError):
+        list(command.arrange_samples(truncated()))
+    assert time.monotonic() - started < 10
+    deadline = time.monotonic() + 5
+    while list(tmp_path.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not list(tmp_path.iterdir())  # their directories are gone too

@@ -22,6 +22,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterator, Mapping, Sequence
@@ -77,25 +78,27 @@ class ShellCommand:
             yield from samples
             return
         pending: deque[tuple[dict[str, Any], Future[Any]]] = deque()
+        live = Running()  # commands running now: killed if the task stops
         with ThreadPoolExecutor(self.parallel, thread_name_prefix="shardflow-sh") as pool:
             try:
                 for sample in samples:
-                    pending.append((sample, pool.submit(self._outcome, sample)))
+                    pending.append((sample, pool.submit(self._outcome, sample, live)))
                     while len(pending) > 2 * self.parallel or (pending and pending[0][1].done()):
                         yield _finished(*pending.popleft())
                 while pending:
                     yield _finished(*pending.popleft())
-            finally:
+            finally:  # the task ended early (an error, Ctrl-C): start nothing more, end what runs
                 for _, future in pending:
                     future.cancel()
+                live.stop()
 
-    def _outcome(self, sample: dict[str, Any]) -> Any:
+    def _outcome(self, sample: dict[str, Any], live: "Running") -> Any:
         try:
-            return self.run(sample)
+            return self.run(sample, live)
         except Exception as exc:  # noqa: BLE001 - handed to __call__, which raises it under the policy
             return exc
 
-    def run(self, sample: dict[str, Any]) -> dict[str, Any] | None:
+    def run(self, sample: dict[str, Any], live: "Running | None" = None) -> dict[str, Any] | None:
         """Run the command on one sample (raw bytes) and return the files it leaves, as a sample
         (None, which drops the sample, when it leaves none: `[ -s x.txt ] || rm -f *` filters)."""
         key, url = sample["__key__"], sample.get("__url__", "")
@@ -106,7 +109,7 @@ class ShellCommand:
             write_sample(work, sample)
             stderr_path = os.path.join(top, "stderr")
             with open(stderr_path, "wb") as stderr:
-                code = self._execute(work, top, stderr)
+                code = self._execute(work, top, stderr, live)
             if code != 0:
                 raise CommandFailed(_failure(code, self.timeout, _tail(stderr_path)), url=url, key=key)
             out = read_sample(work, key, url)
@@ -114,15 +117,17 @@ class ShellCommand:
         finally:
             shutil.rmtree(top, ignore_errors=True)
 
-    def _execute(self, cwd: str, home: str, stderr: Any) -> int | None:
+    def _execute(self, cwd: str, home: str, stderr: Any, live: "Running | None") -> int | None:
         """Exit status of the command (None: killed on timeout). Its whole process group is killed then."""
-        proc = subprocess.Popen([self.shell, "-c", self.command], cwd=cwd, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=stderr, env=self.environment(home),
-                                start_new_session=True, close_fds=True)
+        live = live or Running()
+        proc = live.start([self.shell, "-c", self.command], cwd=cwd, stdin=subprocess.DEVNULL,
+                          stdout=subprocess.DEVNULL, stderr=stderr, env=self.environment(home),
+                          start_new_session=True, close_fds=True)
         try:
             return proc.returncode if _wait(proc, self.timeout) else None
         finally:
             _kill_group(proc)
+            live.discard(proc)
 
     def environment(self, home: str) -> dict[str, str]:
         """The clean environment: PATH, HOME/TMPDIR (private), a UTF-8 locale, then pass_env and env."""
@@ -131,6 +136,38 @@ class ShellCommand:
         env.update({name: os.environ[name] for name in self.pass_env if name in os.environ})
         env.update(self.env)
         return env
+
+
+class Running:
+    """The commands one task has running (threads of -p N), so that a task that stops can end them:
+    after stop(), a command about to start is refused and the running ones are killed."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._procs: set[subprocess.Popen[bytes]] = set()
+        self._stopped = False
+
+    def start(self, args: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        if self._stopped:
+            raise CommandFailed("not started: the task is stopping")
+        proc = subprocess.Popen(args, **kwargs)  # outside the lock: commands start in parallel
+        with self._lock:
+            self._procs.add(proc)
+            stopped = self._stopped
+        if stopped:  # stop() ran while it started: it did not see this one
+            _kill_group(proc, wait=False)
+        return proc
+
+    def discard(self, proc: subprocess.Popen[bytes]) -> None:
+        with self._lock:
+            self._procs.discard(proc)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            procs = list(self._procs)
+        for proc in procs:
+            _kill_group(proc, wait=False)
 
 
 def _finished(sample: dict[str, Any], future: Future[Any]) -> dict[str, Any]:
@@ -160,13 +197,15 @@ def _wait(proc: subprocess.Popen[bytes], timeout: float) -> bool:
     return False
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+def _kill_group(proc: subprocess.Popen[bytes], wait: bool = True) -> None:
     """End the command and anything it left running in its group (a timeout, this task interrupted,
     or background jobs of a command that has exited)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    if not wait:
+        return
     try:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
