@@ -90,3 +90,29 @@ def test_create_errors_name_the_member_and_leave_nothing(tmp_path):
     assert bad.exit_code == 2 and "line 1" in bad.output
     full = run("create", "-", "-o", tmp_path / "one.tar", "--maxcount", 1, input="a/1.txt text:x\na/2.txt text:y\n")
     assert full.exit_code == 1 and "names one shard" in full.output and not (tmp_path / "one.tar").exists()
+
+
+def test_create_from_a_remote_folder_and_remote_sources(tmp_path):
+    """fsspec sources (memory:// here: the same code path as s3:// or gs://): a folder listed once,
+    a recipe naming remote objects, shards written to the store."""
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    for i in range(20):
+        fs.pipe(f"/h13src/p/{i:03d}.txt", b"t%d" % i)
+        fs.pipe(f"/h13src/p/{i:03d}.json", b'{"i": %d}' % i)
+    fs.pipe("/h13src/p/.hidden", b"no")
+    try:
+        result = run("create", "memory://h13src", "-o", "memory://h13out/x-{part:03d}.tar", "--maxcount", 8)
+        assert result.exit_code == 0, result.output
+        assert sorted(fs.ls("/h13out", detail=False)) == [f"/h13out/x-{i:03d}.tar" for i in range(3)]
+        samples = [s for i in range(3) for s in sf.read_samples(f"memory://h13out/x-{i:03d}.tar")]
+        assert [s["__key__"] for s in samples] == [f"p/{i:03d}" for i in range(20)]
+        assert samples[5]["json"] == b'{"i": 5}'
+        fs.pipe("/h13src/recipe.tsv", b"a/1.txt\tmemory://h13src/p/001.txt\na/1.cls\ttext:1\n")
+        recipe = run("create", "memory://h13src/recipe.tsv", "--recipe", "-o", tmp_path / "r.tar")
+        assert recipe.exit_code == 0, recipe.output
+        assert list(sf.read_samples(str(tmp_path / "r.tar")))[0]["txt"] == b"t1"
+    finally:
+        fs.rm("/h13src", recursive=True)
+        fs.rm("/h13out", recursive=True)

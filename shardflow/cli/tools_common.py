@@ -115,6 +115,20 @@ def _sigterm_as_interrupt() -> Any:
         return signal.getsignal(signal.SIGTERM)
 
 
+def progress_bar(enabled: bool | None, total: int | None, unit: str) -> Any:
+    """A tqdm bar on stderr (default: when stderr is a terminal)."""
+    import sys
+
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit=unit, disable=not (sys.stderr.isatty() if enabled is None else enabled),
+                dynamic_ncols=True)
+
+
+progress_option = click.option("--progress/--no-progress", default=None,
+                               help="progress bar on stderr (default: on a terminal)")
+
+
 def expand_all(specs: tuple[str, ...] | list[str], options: dict[str, Any] | None) -> list[str]:
     """Every shard URL the specs name, in order."""
     urls: list[str] = []

@@ -9,16 +9,25 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import click
-from tqdm import tqdm
 
 from shardflow.cli.common import EXIT_FAILED, Fail, one_line_errors, parse_storage_options
-from shardflow.cli.tools_common import allow_pipe_option, expand_all, printable, storage_option
+from shardflow.cli.tools_common import (
+    allow_pipe_option,
+    expand_all,
+    printable,
+    progress_bar,
+    progress_option,
+    storage_option,
+)
 from shardflow.errors import JobError
 from shardflow.shards.samples import read_samples
 from shardflow.shards.writer import TarWriter
 from shardflow.storage import options as so
+from shardflow.storage.paths import is_local, local_path
+from shardflow.storage.schemes import open_read
 
 
 def register(group: click.Group) -> None:
@@ -26,12 +35,8 @@ def register(group: click.Group) -> None:
     group.add_command(head_command)
 
 
-def _progress(enabled: bool | None, total: int | None, unit: str) -> tqdm:
-    return tqdm(total=total, unit=unit, disable=not (sys.stderr.isatty() if enabled is None else enabled),
-                dynamic_ncols=True)
-
-
-_PROGRESS = click.option("--progress/--no-progress", default=None, help="progress bar on stderr (default: on a tty)")
+_progress = progress_bar
+_PROGRESS = progress_option
 
 
 @click.command("create")
@@ -56,22 +61,25 @@ def create_command(source: str, output: str, recipe: bool, maxcount: int, maxsiz
                    storage_option: tuple[str, ...]) -> None:
     """Create shards from files (tarp create / tarcreate).
 
-    SOURCE is a directory (files sharing a basename up to the first dot become one sample, in
-    name order, like `tar --sort=name`) or a recipe: one 'archive-name source' line per member,
-    where source is a path or URL, text:..., or pipe:CMD (only with --allow-pipe).
+    SOURCE is a directory or a remote folder URL (files sharing a basename up to the first dot
+    become one sample, in name order, like `tar --sort=name`; hidden files skipped) or a recipe file
+    (or '-'): one 'archive-name source' line per member, where source is a path or URL, text:...,
+    or pipe:CMD (only with --allow-pipe).
 
     \b
       shardflow create photos/ -o 'shards/photos-{part:06d}.tar' --maxcount 10000
       printf 'a/001.txt text:hello\\na/001.jpg s3://b/x.jpg\\n' | shardflow create - -o one.tar
     """
-    from shardflow.run.create import group_samples, plan_directory, plan_recipe, write_shards
+    from shardflow.run.create import group_samples, plan_directory, plan_recipe, plan_remote_tree, write_shards
 
     options = parse_storage_options(storage_option)
     with one_line_errors(options, catch=(JobError,)):
-        if os.path.isdir(source) and not recipe:
-            pairs = plan_directory(source)
+        if recipe or os.path.isfile(source) or source == "-":
+            pairs = plan_recipe(_recipe_lines(source, options), source, allow_pipe)
+        elif is_local(source):
+            pairs = plan_directory(local_path(source))
         else:
-            pairs = plan_recipe(_recipe_lines(source), source, allow_pipe)
+            pairs = plan_remote_tree(source, options)
         samples = group_samples(pairs, keys=keys, shuffle=shuffle, seed=seed)
     if not samples:
         raise Fail(f"{printable(source)} holds no files to pack")
@@ -87,11 +95,14 @@ def create_command(source: str, output: str, recipe: bool, maxcount: int, maxsiz
                + ", ".join(printable(i.url) for i in infos[:3]) + (" ..." if len(infos) > 3 else ""))
 
 
-def _recipe_lines(source: str) -> list[str]:
+def _recipe_lines(source: str, options: dict[str, Any] | None) -> list[str]:
     if source == "-":
         return sys.stdin.read().splitlines()
-    with open(source, encoding="utf-8") as f:
-        return f.read().splitlines()
+    stream = open_read(source, so.options_for(source, options))
+    try:
+        return stream.read().decode("utf-8").splitlines()
+    finally:
+        stream.close()
 
 
 @click.command("head")

@@ -16,7 +16,14 @@ from typing import Any, Iterator
 import click
 
 from shardflow.cli.common import EXIT_FAILED, Fail, one_line_errors, parse_storage_options
-from shardflow.cli.tools_common import allow_pipe_option, expand_all, printable, storage_option
+from shardflow.cli.tools_common import (
+    allow_pipe_option,
+    expand_all,
+    printable,
+    progress_bar,
+    progress_option,
+    storage_option,
+)
 from shardflow.errors import ShardflowError
 from shardflow.run.fields import FieldError, field_value
 from shardflow.shards.publish import open_atomic
@@ -118,10 +125,11 @@ def _parquet(rows: list[dict[str, Any]], columns: list[str]) -> bytes:
               "needed for parquet")
 @click.option("--header/--no-header", default=True, show_default=True, help="a first line naming the columns")
 @click.option("--on-error", type=click.Choice(["raise", "skip"]), default="raise", show_default=True)
+@progress_option
 @allow_pipe_option
 @storage_option
 def tsv_command(spec: tuple[str, ...], fields: tuple[str, ...], fmt: str, output: str | None, header: bool,
-                on_error: str, allow_pipe: bool, storage_option: tuple[str, ...]) -> None:
+                on_error: str, progress: bool | None, allow_pipe: bool, storage_option: tuple[str, ...]) -> None:
     """One line per sample: key, url and the named fields (tar2tsv), as tsv, csv, jsonl or parquet.
 
     Members that are not text or JSON give their size in bytes. Text output to a terminal is
@@ -135,6 +143,7 @@ def tsv_command(spec: tuple[str, ...], fields: tuple[str, ...], fmt: str, output
         raise click.UsageError("--format parquet writes a file: give -o FILE")
     options = parse_storage_options(storage_option)
     columns = ["key", "url", *fields]
+    bar = progress_bar(progress, None, "sample")
     with one_line_errors(options, exit_code=EXIT_FAILED, broken_pipe_ok=True):
         urls = expand_all(spec, options)
         if output is None:
@@ -142,9 +151,15 @@ def tsv_command(spec: tuple[str, ...], fields: tuple[str, ...], fmt: str, output
                 row = _row(sample, fields, on_error)
                 sys.stdout.write(_text_table([row], columns, fmt, header, escape=True))
                 header = False
+                bar.update(1)
             sys.stdout.flush()
+            bar.close()
             return
-        rows = [_row(s, fields, on_error) for s in _samples(urls, options, allow_pipe, on_error)]
+        rows = []
+        for sample in _samples(urls, options, allow_pipe, on_error):
+            rows.append(_row(sample, fields, on_error))
+            bar.update(1)
+        bar.close()
         data = _parquet(rows, columns) if fmt == "parquet" else _text_table(rows, columns, fmt, header, False).encode()
         _write_atomic(output, data, options)
     click.echo(f"{len(rows)} rows written to {printable(output)}", err=True)

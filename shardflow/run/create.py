@@ -61,6 +61,21 @@ def plan_directory(root: str) -> list[tuple[str, str]]:
     return found
 
 
+def plan_remote_tree(url: str, storage_options: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """(member name, URL) for every object under a remote folder (one listing), sorted by name."""
+    fs, root = filesystem(url, so.options_for(url, storage_options))
+    root = root.rstrip("/")
+    found = []
+    for path in fs.find(root):
+        rel = path[len(root) + 1 :] if path.startswith(root + "/") else path.rsplit("/", 1)[-1]
+        if rel and not any(part.startswith(".") for part in rel.split("/")):
+            found.append((rel, fs.unstrip_protocol(path)))
+    found.sort()
+    if not found:
+        raise JobError(f"{url!r} holds no files")
+    return found
+
+
 def plan_recipe(lines: Iterable[str], where: str, allow_pipe: bool) -> list[tuple[str, str]]:
     """(member name, source) for each `name source` line; `#` comments and blank lines skipped."""
     out = []
