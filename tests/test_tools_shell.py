@@ -200,7 +200,7 @@ def test_clean_environment_and_parallel_output_is_identical(tmp_path, monkeypatc
         samples = list(sf.read_samples(str(out / "in.tar")))
         outputs[parallel] = [{k: v for k, v in s.items() if k not in ("__url__", "num")} for s in samples]
         seen = [int(s["num"]) for s in samples]
-        assert (max(seen) >= 1) == (parallel > 1)  # commands overlapped only with -p 4
+        assert (max(seen) >= 1) == (parallel > 1), (parallel, seen)  # overlapping only with -p 4
     assert outputs[1] == outputs[4]  # same samples, same order
     first = outputs[1][0]
     assert first["up"] == b"HELLO 0\n" and first["txt"] == b"hello 0\n"
@@ -313,3 +313,16 @@ def test_a_task_that_stops_early_kills_the_commands_in_flight(tmp_path):
     while list(tmp_path.iterdir()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not list(tmp_path.iterdir())  # their directories are gone too
+
+
+def test_default_tmpdir_prefers_a_roomy_ram_disk_unless_tmpdir_is_set(monkeypatch):
+    from shardflow.run import shell
+
+    monkeypatch.setenv("TMPDIR", "/somewhere")
+    assert shell.default_tmpdir() is None  # tempfile then follows $TMPDIR
+    monkeypatch.delenv("TMPDIR")
+    shm = Path("/dev/shm")
+    expected = "/dev/shm" if shm.is_dir() and os.statvfs(shm).f_bavail * os.statvfs(shm).f_frsize >= 1 << 30 else None
+    assert shell.default_tmpdir() == expected
+    monkeypatch.setattr(shell, "_SHM_FREE", 1 << 62)
+    assert shell.default_tmpdir() is None  # a small /dev/shm (Docker's 64 MiB) is not used

@@ -1,6 +1,7 @@
 """A shell command per sample (tarproc's `-c CMD`): ShellCommand (the job's fn) and ShellJob.
 
-For each sample: a fresh private directory (mkdtemp, mode 0700) receives the members as
+For each sample: a fresh private directory (mkdtemp, mode 0700; in /dev/shm unless TMPDIR or
+`tmpdir` say otherwise, see default_tmpdir) receives the members as
 `<key-basename>.<ext>` (names made safe by shell_files: member names are data), `sh -c CMD` runs there
 with no stdin, a timeout, its own process group (killed whole on timeout) and a clean environment
 (PATH, HOME and TMPDIR pointing into the sample's directory, LANG/LC_ALL=C.UTF-8, plus what the user
@@ -102,7 +103,7 @@ class ShellCommand:
         """Run the command on one sample (raw bytes) and return the files it leaves, as a sample
         (None, which drops the sample, when it leaves none: `[ -s x.txt ] || rm -f *` filters)."""
         key, url = sample["__key__"], sample.get("__url__", "")
-        top = tempfile.mkdtemp(prefix="shardflow-sh-", dir=self.tmpdir)
+        top = tempfile.mkdtemp(prefix="shardflow-sh-", dir=self.tmpdir or default_tmpdir())
         try:
             work = os.path.join(top, "s")
             os.mkdir(work, 0o700)
@@ -168,6 +169,25 @@ class Running:
             procs = list(self._procs)
         for proc in procs:
             _kill_group(proc, wait=False)
+
+
+_SHM = "/dev/shm"
+_SHM_FREE = 1 << 30  # /dev/shm is used only when it has this much room (Docker's default is 64 MiB)
+
+
+def default_tmpdir() -> str | None:
+    """Where sample directories go without `tmpdir`: $TMPDIR when set, else /dev/shm when it is a
+    writable RAM disk with room (creating and removing a directory and its files costs ~0.03 ms
+    there, ~2 ms each on a busy disk: most of a command's overhead), else the system default."""
+    if os.environ.get("TMPDIR"):
+        return None
+    try:
+        stat = os.statvfs(_SHM)
+    except (OSError, AttributeError):
+        return None
+    if stat.f_bavail * stat.f_frsize >= _SHM_FREE and os.access(_SHM, os.W_OK | os.X_OK):
+        return _SHM
+    return None
 
 
 def _finished(sample: dict[str, Any], future: Future[Any]) -> dict[str, Any]:
