@@ -13,7 +13,7 @@
     `tar --sort=name -cf` (the limit) and `shardflow create DIR -o out-{part:06d}.tar` (a process
     each, start-up counted for both); target >= 0.5x tar's files/s.
 
-Run: python bench/bench_tools.py [--samples 400] [--files 100000] [--repeat 3] [--only a|b]
+Run: python bench/bench_tools.py [--samples 400] [--files 100000] [--repeat 3] [--only a|b] [--dir D]
 After one untimed warm-up run each, variants run back to back in each round; the table gives each
 one's best round and the median over rounds of its ratio to the baseline within a round (the steadier
 figure on a shared machine).
@@ -139,10 +139,14 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--only", choices=["a", "b"])
+    parser.add_argument("--dir", default="/dev/shm" if os.path.isdir("/dev/shm") else None,
+                        help="where the shard, the tree and all outputs go [default: /dev/shm, a RAM disk: "
+                        "both tools then pay CPU, not a shared disk's latency]")
     args = parser.parse_args()
     print(f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}, tar: "
           + subprocess.run(["tar", "--version"], capture_output=True, text=True).stdout.splitlines()[0])
-    with tempfile.TemporaryDirectory(prefix="bench-tools-") as tmp:
+    print(f"work directory under {args.dir or tempfile.gettempdir()}")
+    with tempfile.TemporaryDirectory(prefix="bench-tools-", dir=args.dir) as tmp:
         work = Path(tmp)
         if args.only in (None, "a"):
             print("\n".join(bench_map(args.samples, args.repeat, work)), flush=True)

@@ -65,7 +65,7 @@ def cat_command(spec: tuple[str, ...], output: str | None, keys: tuple[str, ...]
     Without -o (as before): every member of every sample, in shard order, exactly as stored; --key
     picks samples (of one shard), --ext picks members. With -o OUT: the samples of all SPECs, in
     order, into the shard OUT (rolled over into OUT_001... by --maxcount/--maxsize), as one task of
-    a resumable job (tarscat / tarp cat).
+    a resumable job (tarp cat).
 
     \b
       shardflow cat s3://b/train-000001.tar --key 000123 --ext jpg > 000123.jpg
@@ -136,7 +136,8 @@ def sort_command(spec: tuple[str, ...], output: str, by: str, reverse: bool, mem
 @click.option("--timeout", type=float, default=600.0, show_default=True, help="seconds per sample, then killed")
 @click.option("--env", "env", multiple=True, metavar="NAME=VALUE", help="add a variable to the clean environment")
 @click.option("--pass-env", "pass_env", multiple=True, metavar="NAME", help="copy a variable from this environment")
-@click.option("--tmpdir", type=click.Path(file_okay=False), help="where sample directories go (/dev/shm is fast)")
+@click.option("--tmpdir", type=click.Path(file_okay=False),
+              help="where sample directories go [default: $TMPDIR, else /dev/shm with 1 GiB free, else /tmp]")
 @_MAXCOUNT
 @_MAXSIZE
 @backend_options

@@ -21,8 +21,7 @@ import random
 import subprocess
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 from shardflow.errors import JobError, ShardIOError
 from shardflow.shards.keys import check_key, split_name
@@ -31,9 +30,8 @@ from shardflow.storage import options as so
 from shardflow.storage.paths import filesystem, is_local, local_path
 
 
-@dataclass(frozen=True)
-class PlannedSample:
-    """One output sample: its key and (extension, source) pairs."""
+class PlannedSample(NamedTuple):
+    """One output sample: its key and (extension, source) pairs (a tuple: a million of them are cheap)."""
 
     key: str
     members: tuple[tuple[str, str], ...]
