@@ -12,8 +12,9 @@ from typing import Any
 import click
 
 from shardflow.cli.tools_common import backend_options, expand_all, job_kwargs, run_tool_job
-from shardflow.run.job import ShardJob
 from shardflow.run.sort import DEFAULT_MEMORY, SortSamples, passthrough
+
+# run.job (and numpy, through the seeds) is imported when a job is built, not for every `shardflow` command
 
 _OUTPUT_PATTERN = click.option(
     "--output", "-o", "output", required=True, metavar="PATTERN",
@@ -45,8 +46,13 @@ def split_command(spec: tuple[str, ...], output: str, maxcount: int | None, maxs
     """
     if maxcount is None and maxsize is None:
         raise click.UsageError("give --maxcount N and/or --maxsize BYTES")
-    run_tool_job(lambda: ShardJob(passthrough, list(spec), output, maxcount=maxcount, maxsize=maxsize,
-                                  name="split", **job_kwargs(kw)), kw)
+    def make() -> Any:
+        from shardflow.run.job import ShardJob
+
+        return ShardJob(passthrough, list(spec), output, maxcount=maxcount, maxsize=maxsize, name="split",
+                        **job_kwargs(kw))
+
+    run_tool_job(make, kw)
 
 
 @click.command("cat")
@@ -77,7 +83,9 @@ def cat_command(spec: tuple[str, ...], output: str | None, keys: tuple[str, ...]
     if keys or exts:
         raise click.UsageError("--key/--ext select what to print; they do not apply with -o")
 
-    def make() -> ShardJob:
+    def make() -> Any:
+        from shardflow.run.job import ShardJob
+
         urls = expand_all(spec, job_kwargs(kw)["storage_options"])
         if not urls:
             raise click.UsageError("SPEC names no shards")
@@ -124,7 +132,12 @@ def sort_command(spec: tuple[str, ...], output: str, by: str, reverse: bool, mem
     """
     fn = SortSamples(by, memory=memory, reverse=reverse, tmpdir=tmpdir)
     params = {"sort_by": by, "reverse": reverse}
-    run_tool_job(lambda: ShardJob(fn, list(spec), output, name="sort", params=params, **job_kwargs(kw)), kw)
+    def make() -> Any:
+        from shardflow.run.job import ShardJob
+
+        return ShardJob(fn, list(spec), output, name="sort", params=params, **job_kwargs(kw))
+
+    run_tool_job(make, kw)
 
 
 @click.command("map")
