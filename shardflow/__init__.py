@@ -34,6 +34,7 @@ _LAZY = {
     "Encoder": "shardflow.codecs",
     "register_codec": "shardflow.codecs",
     "ShardJob": "shardflow.run.job",
+    "ShellJob": "shardflow.run.shell",
     "sample_rng": "shardflow.run.seeds",
     "sample_seed": "shardflow.run.seeds",
     "Task": "shardflow.run.task",

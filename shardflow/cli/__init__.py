@@ -12,6 +12,9 @@ COMMAND_MODULES = (
     "shardflow.cli.jobs",  # run, plan, status, demo
     "shardflow.cli.cluster",  # worker, k8s, argo
     "shardflow.cli.trying",  # preview
+    "shardflow.cli.tools_jobs",  # split, cat (-o: concatenate; replaces inspect's cat), sort, map
+    "shardflow.cli.tools_make",  # create, head
+    "shardflow.cli.tools_view",  # tsv, show
 )
 
 

@@ -46,6 +46,7 @@ from typing import Any, Iterable, Mapping
 import cloudpickle
 
 from shardflow.errors import JobError
+from shardflow.run import shell_jobfile
 from shardflow.run.job import ShardJob
 
 __all__ = [
@@ -178,7 +179,7 @@ def load_job_file(spec: str | os.PathLike[str]) -> JobFile:
             sys.modules.pop(name, None)
         raise JobError(f"job file {path}{_error_line(path, exc)}: {type(exc).__name__}: {exc}") from None
     cloudpickle.register_pickle_by_value(module)
-    return _read_conventions(path, module)
+    return _read_conventions(path, shell_jobfile.install_command(module, path))  # COMMAND = "..." files
 
 
 def _read_conventions(path: Path, module: types.ModuleType) -> JobFile:

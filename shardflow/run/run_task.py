@@ -135,8 +135,10 @@ def _stream_input(url: str, context: TaskContext, processor: SampleProcessor, wr
     def report(error: ShardflowError) -> None:
         failures.record(error, error.url or url, error.key, "read")
 
+    samples = read_samples(counted, url, on_error=policy, report=report)
+    arrange = getattr(context.fn, "arrange_samples", None)  # the fn's stream stage: sort, commands run ahead
     try:
-        for sample in read_samples(counted, url, on_error=policy, report=report):
+        for sample in arrange(samples) if arrange is not None else samples:
             if context.limit is not None and stats.samples_in >= context.limit:
                 break  # a trial run (--limit): the task ends after its first samples
             stats.samples_in += 1

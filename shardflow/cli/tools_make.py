@@ -1,0 +1,145 @@
+"""`shardflow create` (shards from files: a directory tree or a recipe) and `shardflow head`.
+
+Both run in this process (create reads with a thread pool; head stops after N samples), write
+through ShardWriter/TarWriter (each shard atomic: nothing half-written under a final name) and are
+deterministic, so rerunning an interrupted one rewrites identical shards.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import click
+
+from shardflow.cli.common import EXIT_FAILED, Fail, one_line_errors, parse_storage_options
+from shardflow.cli.tools_common import (
+    allow_pipe_option,
+    expand_all,
+    printable,
+    progress_bar,
+    progress_option,
+    storage_option,
+)
+from shardflow.errors import JobError
+from shardflow.shards.samples import read_samples
+from shardflow.shards.writer import TarWriter
+from shardflow.storage import options as so
+from shardflow.storage.paths import is_local, local_path
+from shardflow.storage.schemes import open_read
+
+
+def register(group: click.Group) -> None:
+    group.add_command(create_command)
+    group.add_command(head_command)
+
+
+_progress = progress_bar
+_PROGRESS = progress_option
+
+
+@click.command("create")
+@click.argument("source")
+@click.option("--output", "-o", "output", required=True, metavar="PATTERN",
+              help="output shards: 'out/data-{part:06d}.tar' (or %06d); a fixed name when all fits in one")
+@click.option("--recipe", is_flag=True, help="SOURCE is a recipe/TSV of 'archive-name source' lines "
+              "(default when SOURCE is a file; '-' reads stdin)")
+@click.option("--maxcount", type=click.IntRange(min=1), default=100_000, show_default=True, help="samples per shard")
+@click.option("--maxsize", type=float, default=3e9, show_default=True, help="bytes per shard")
+@click.option("--shuffle", is_flag=True, help="permute the samples (deterministic for a --seed)")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--keys", type=click.Choice(["from-path", "index"]), default="from-path", show_default=True,
+              help="sample keys: the file paths (without extension), or 000000, 000001, ... in order")
+@click.option("--jobs", "-j", type=click.IntRange(1, 512), default=None,
+              help="reads in flight (threads) [default: 4 for local files, 32 for remote ones]")
+@_PROGRESS
+@allow_pipe_option
+@storage_option
+def create_command(source: str, output: str, recipe: bool, maxcount: int, maxsize: float, shuffle: bool,
+                   seed: int, keys: str, jobs: int | None, progress: bool | None, allow_pipe: bool,
+                   storage_option: tuple[str, ...]) -> None:
+    """Create shards from files (tarp create / tarcreate).
+
+    SOURCE is a directory or a remote folder URL (files sharing a basename up to the first dot
+    become one sample, in name order, like `tar --sort=name`; hidden files skipped) or a recipe file
+    (or '-'): one 'archive-name source' line per member, where source is a path or URL, text:...,
+    or pipe:CMD (only with --allow-pipe).
+
+    \b
+      shardflow create photos/ -o 'shards/photos-{part:06d}.tar' --maxcount 10000
+      printf 'a/001.txt text:hello\\na/001.jpg s3://b/x.jpg\\n' | shardflow create - -o one.tar
+    """
+    from shardflow.run.create import group_samples, plan_directory, plan_recipe, plan_remote_tree, write_shards
+
+    options = parse_storage_options(storage_option)
+    with one_line_errors(options, catch=(JobError,)):
+        if recipe or os.path.isfile(source) or source == "-":
+            pairs = plan_recipe(_recipe_lines(source, options), source, allow_pipe)
+        elif is_local(source):
+            pairs = plan_directory(local_path(source))
+        else:
+            pairs = plan_remote_tree(source, options)
+        samples = group_samples(pairs, keys=keys, shuffle=shuffle, seed=seed)
+    if not samples:
+        raise Fail(f"{printable(source)} holds no files to pack")
+    bar = _progress(progress, len(samples), "sample")
+    try:
+        with one_line_errors(options, exit_code=EXIT_FAILED):
+            infos = write_shards(samples, output, maxcount=maxcount, maxsize=maxsize, storage_options=options,
+                                 jobs=jobs, progress=bar.update)
+    finally:
+        bar.close()
+    nbytes = sum(i.nbytes for i in infos)
+    click.echo(f"{len(samples)} samples in {len(infos)} shard(s), {nbytes} bytes: "
+               + ", ".join(printable(i.url) for i in infos[:3]) + (" ..." if len(infos) > 3 else ""))
+
+
+def _recipe_lines(source: str, options: dict[str, Any] | None) -> list[str]:
+    if source == "-":
+        return sys.stdin.read().splitlines()
+    stream = open_read(source, so.options_for(source, options))
+    try:
+        return stream.read().decode("utf-8").splitlines()
+    finally:
+        stream.close()
+
+
+@click.command("head")
+@click.argument("spec", nargs=-1, required=True)
+@click.option("-n", "count", type=click.IntRange(min=0), default=10, show_default=True, help="samples to copy")
+@click.option("--output", "-o", "output", required=True, metavar="OUT", help="the shard to write")
+@_PROGRESS
+@allow_pipe_option
+@storage_option
+def head_command(spec: tuple[str, ...], count: int, output: str, progress: bool | None, allow_pipe: bool,
+                 storage_option: tuple[str, ...]) -> None:
+    """Copy the first N samples of SPEC (in shard order) into one shard, byte for byte (tarscat -c N).
+
+    Reads only as far as it needs; OUT appears only once complete. Fewer than N samples in SPEC is
+    not an error (all of them are copied; stderr says so).
+
+    \b
+      shardflow head 's3://b/train-{000000..000099}.tar' -n 100 -o sample.tar
+    """
+    options = parse_storage_options(storage_option)
+    bar = _progress(progress, count, "sample")
+    written = 0
+    try:
+        with one_line_errors(options, exit_code=EXIT_FAILED):
+            urls = expand_all(spec, options)
+            with TarWriter(output, storage_options=so.options_for(output, options)) as writer:
+                for url in urls:
+                    if written >= count:
+                        break
+                    for sample in read_samples(url, storage_options=so.options_for(url, options),
+                                               allow_pipe=allow_pipe):
+                        if written >= count:
+                            break
+                        writer.write(sample)
+                        written += 1
+                        bar.update(1)
+    finally:
+        bar.close()
+    short = f" (SPEC holds only {written})" if written < count else ""
+    click.echo(f"{written} samples written to {printable(output)}{short}", err=True)

@@ -1,0 +1,238 @@
+"""`shardflow tsv` (a metadata table of shards: tar2tsv) and `shardflow show` (a contact sheet: tarshow).
+
+Both stream samples in shard order (one sample in memory at a time, plus the table rows for
+parquet and the first N images for show) and write their file atomically (open_atomic): a table or
+sheet appears under its name only when complete.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from typing import Any, Iterator
+
+import click
+
+from shardflow.cli.common import EXIT_FAILED, Fail, one_line_errors, parse_storage_options
+from shardflow.cli.tools_common import (
+    allow_pipe_option,
+    expand_all,
+    printable,
+    progress_bar,
+    progress_option,
+    storage_option,
+)
+from shardflow.errors import ShardflowError
+from shardflow.run.fields import FieldError, field_value
+from shardflow.shards.publish import open_atomic
+from shardflow.shards.samples import read_samples
+from shardflow.storage import options as so
+
+
+def register(group: click.Group) -> None:
+    group.add_command(tsv_command)
+    group.add_command(show_command)
+
+
+def _warn(error: ShardflowError) -> None:
+    click.echo(f"shardflow: warning: {printable(error)}", err=True)
+
+
+def _samples(urls: list[str], options: dict[str, Any] | None, allow_pipe: bool, on_error: str) -> Iterator[Any]:
+    for url in urls:
+        yield from read_samples(url, on_error=on_error, report=_warn, storage_options=so.options_for(url, options),
+                                allow_pipe=allow_pipe)
+
+
+def _write_atomic(url: str, data: bytes, options: dict[str, Any] | None) -> None:
+    out = open_atomic(url, so.options_for(url, options))
+    try:
+        out.write(data)
+    except BaseException:
+        out.abort()
+        raise
+    out.commit()
+
+
+# ------------------------------------------------------------------------------------------------
+# tsv
+
+
+def _row(sample: dict[str, Any], fields: tuple[str, ...], on_error: str) -> dict[str, Any]:
+    row = {"key": sample["__key__"], "url": sample["__url__"]}
+    for name in fields:
+        try:
+            row[name] = field_value(sample, name)
+        except FieldError as exc:
+            error = ShardflowError(str(exc), url=sample["__url__"], key=sample["__key__"])
+            if on_error == "raise":
+                raise error from None
+            _warn(error)
+            row[name] = None
+    return row
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, (dict, list, bool)):
+        return json.dumps(value, ensure_ascii=False)
+    return str(value)
+
+
+def _text_table(rows: list[dict[str, Any]], columns: list[str], fmt: str, header: bool, escape: bool) -> str:
+    out = io.StringIO()
+    if fmt == "tsv":
+        lines = ([columns] if header else []) + [[printable(_cell(r[c])) for c in columns] for r in rows]
+        return "".join("\t".join(line) + "\n" for line in lines)
+    if fmt == "csv":
+        writer = csv.writer(out, lineterminator="\n")
+        if header:
+            writer.writerow(columns)
+        for r in rows:
+            writer.writerow([printable(_cell(r[c])) if escape else _cell(r[c]) for c in columns])
+        return out.getvalue()
+    return "".join(json.dumps({c: r[c] for c in columns}) + "\n" for r in rows)  # jsonl: ASCII, escaped
+
+
+def _parquet(rows: list[dict[str, Any]], columns: list[str]) -> bytes:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise Fail("--format parquet needs pyarrow (pip install pyarrow)") from None
+    data = {c: [r[c] for r in rows] for c in columns}
+    arrays = {}
+    for name, values in data.items():
+        try:
+            arrays[name] = pa.array(values)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):  # mixed types: text (JSON for structures)
+            arrays[name] = pa.array([None if v is None else _cell(v) for v in values], type=pa.string())
+    out = io.BytesIO()
+    pq.write_table(pa.table(arrays), out)
+    return out.getvalue()
+
+
+@click.command("tsv")
+@click.argument("spec", nargs=-1, required=True)
+@click.option("--field", "-f", "fields", multiple=True, metavar="FIELD",
+              help="a column: a member (cls, txt) or a dotted path into JSON (json.label, json.box.0); repeatable")
+@click.option("--format", "fmt", type=click.Choice(["tsv", "csv", "jsonl", "parquet"]), default="tsv",
+              show_default=True)
+@click.option("--output", "-o", "output", metavar="FILE", help="write here (atomic) instead of stdout; "
+              "needed for parquet")
+@click.option("--header/--no-header", default=True, show_default=True, help="a first line naming the columns")
+@click.option("--on-error", type=click.Choice(["raise", "skip"]), default="raise", show_default=True)
+@progress_option
+@allow_pipe_option
+@storage_option
+def tsv_command(spec: tuple[str, ...], fields: tuple[str, ...], fmt: str, output: str | None, header: bool,
+                on_error: str, progress: bool | None, allow_pipe: bool, storage_option: tuple[str, ...]) -> None:
+    """One line per sample: key, url and the named fields (tar2tsv), as tsv, csv, jsonl or parquet.
+
+    Members that are not text or JSON give their size in bytes. Text output to a terminal is
+    escaped (control characters as \\xNN); tsv always escapes tabs and newlines in values.
+
+    \b
+      shardflow tsv 'data/*.tar' -f cls -f json.label > labels.tsv
+      shardflow tsv 'data/*.tar' -f json.caption --format parquet -o meta.parquet
+    """
+    if fmt == "parquet" and not output:
+        raise click.UsageError("--format parquet writes a file: give -o FILE")
+    options = parse_storage_options(storage_option)
+    columns = ["key", "url", *fields]
+    bar = progress_bar(progress, None, "sample")
+    with one_line_errors(options, exit_code=EXIT_FAILED, broken_pipe_ok=True):
+        urls = expand_all(spec, options)
+        if output is None:
+            for sample in _samples(urls, options, allow_pipe, on_error):
+                row = _row(sample, fields, on_error)
+                sys.stdout.write(_text_table([row], columns, fmt, header, escape=True))
+                header = False
+                bar.update(1)
+            sys.stdout.flush()
+            bar.close()
+            return
+        rows = []
+        for sample in _samples(urls, options, allow_pipe, on_error):
+            rows.append(_row(sample, fields, on_error))
+            bar.update(1)
+        bar.close()
+        data = _parquet(rows, columns) if fmt == "parquet" else _text_table(rows, columns, fmt, header, False).encode()
+        _write_atomic(output, data, options)
+    click.echo(f"{len(rows)} rows written to {printable(output)}", err=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# show
+
+
+@click.command("show")
+@click.argument("spec", nargs=-1, required=True)
+@click.option("-n", "count", type=click.IntRange(min=1, max=10_000), default=16, show_default=True,
+              help="samples with an image to show")
+@click.option("--output", "-o", "output", metavar="FILE.png", help="write the contact sheet here (atomic)")
+@click.option("--columns", "-c", type=click.IntRange(min=1), default=4, show_default=True, help="tiles per row")
+@click.option("--size", type=click.IntRange(16, 2048), default=192, show_default=True, help="tile size in pixels")
+@click.option("--image", "image_ext", metavar="EXT", help="the member to show (default: the first image member)")
+@click.option("--label", "label_field", metavar="FIELD", help="the label under the key (default: cls, else json.label)")
+@allow_pipe_option
+@storage_option
+def show_command(spec: tuple[str, ...], count: int, output: str | None, columns: int, size: int,
+                 image_ext: str | None, label_field: str | None, allow_pipe: bool,
+                 storage_option: tuple[str, ...]) -> None:
+    """A contact sheet of the images of the first N samples, with their keys and labels (tarshow).
+
+    Shown inline on terminals that can (kitty, iTerm2, WezTerm), else printed as a text table; with
+    -o also written as a PNG. Samples without an image are skipped.
+
+    \b
+      shardflow show 'data/train-000000.tar' -n 16 -o sheet.png
+    """
+    from shardflow.cli import tools_sheet as sheet
+
+    options = parse_storage_options(storage_option)
+    with one_line_errors(options, exit_code=EXIT_FAILED, broken_pipe_ok=True):
+        tiles = _tiles(expand_all(spec, options), options, allow_pipe, count, image_ext, label_field)
+        if not tiles:
+            raise Fail("no sample with an image member" + (f" {image_ext!r}" if image_ext else ""), EXIT_FAILED)
+        png = sheet.png_bytes(sheet.render(tiles, columns, size))
+        if output:
+            _write_atomic(output, png, options)
+        protocol = sheet.inline_protocol(sys.stdout)
+        if protocol:
+            sys.stdout.buffer.write(sheet.inline_image(png, protocol))
+            sys.stdout.flush()
+        else:
+            for tile in tiles:
+                click.echo(f"{printable(tile.key)}\t{tile.ext}\t{tile.width}x{tile.height}\t{printable(tile.label)}")
+    if output:
+        click.echo(f"{len(tiles)} tiles written to {printable(output)}", err=True)
+
+
+def _tiles(urls: list[str], options: dict[str, Any] | None, allow_pipe: bool, count: int, image_ext: str | None,
+           label_field: str | None) -> list[Any]:
+    from shardflow.cli.tools_sheet import Tile, image_member
+
+    tiles = []
+    for sample in _samples(urls, options, allow_pipe, "raise"):
+        ext = image_member(sample, image_ext)
+        if ext is None:
+            continue
+        tiles.append(Tile(sample["__key__"], _label(sample, label_field), ext, sample[ext]))
+        if len(tiles) >= count:
+            break
+    return tiles
+
+
+def _label(sample: dict[str, Any], field: str | None) -> str:
+    for name in (field,) if field else ("cls", "json.label"):
+        try:
+            value = field_value(sample, name)
+        except FieldError:
+            value = None
+        if value is not None:
+            return _cell(value)
+    return ""

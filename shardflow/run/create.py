@@ -1,0 +1,231 @@
+"""Shards from files (`shardflow create`, tarp create / tarcreate): a plan of samples, read in parallel.
+
+A plan is a list of (member name, source) pairs, grouped into samples by the key rule (files that
+share a basename up to its first dot form one sample, like `tar --sort=name`):
+
+- from a directory tree: every regular file under it (hidden files skipped), sorted by path;
+- from a recipe/TSV: lines `archive-name<TAB or spaces>source`, where source is a path or URL (any
+  fsspec URL), `text:...` (the rest of the line, with \\n and \\t escapes) or `pipe:CMD` (only with
+  allow_pipe: it runs a shell command).
+
+`--keys index` renames the samples `000000`, `000001`, ... in plan order; `--shuffle --seed S`
+permutes the samples deterministically. Reading uses a thread pool (`jobs` reads in flight, results
+in plan order), so a million small files are not a million sequential round trips; shards are
+written by ShardWriter (rollover by maxcount/maxsize, each shard atomic).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
+
+from shardflow.errors import JobError, ShardIOError
+from shardflow.shards.keys import check_key, split_name
+from shardflow.shards.writer import ShardInfo, ShardWriter
+from shardflow.storage import options as so
+from shardflow.storage.paths import filesystem, is_local, local_path
+
+
+class PlannedSample(NamedTuple):
+    """One output sample: its key and (extension, source) pairs (a tuple: a million of them are cheap)."""
+
+    key: str
+    members: tuple[tuple[str, str], ...]
+
+
+def plan_directory(root: str) -> list[tuple[str, str]]:
+    """(member name relative to root, path) for every regular non-hidden file, sorted by name.
+
+    One scandir per directory and no stat per file (the entry type comes with the listing)."""
+    if not os.path.isdir(root):
+        raise JobError(f"{root!r} is not a directory")
+    found: list[tuple[str, str]] = []
+    folders = [(root, "")]
+    while folders:
+        folder, prefix = folders.pop()
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.name.startswith("."):
+                    continue
+                if entry.is_dir(follow_symlinks=False):  # like tar: never into a linked folder (no loops)
+                    folders.append((entry.path, f"{prefix}{entry.name}/"))
+                elif entry.is_file():
+                    found.append((prefix + entry.name, entry.path))
+    found.sort()
+    return found
+
+
+def plan_remote_tree(url: str, storage_options: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """(member name, URL) for every object under a remote folder (one listing), sorted by name."""
+    fs, root = filesystem(url, so.options_for(url, storage_options))
+    root = root.rstrip("/")
+    found = []
+    for path in fs.find(root):
+        rel = path[len(root) + 1 :] if path.startswith(root + "/") else path.rsplit("/", 1)[-1]
+        if rel and not any(part.startswith(".") for part in rel.split("/")):
+            found.append((rel, fs.unstrip_protocol(path)))
+    found.sort()
+    if not found:
+        raise JobError(f"{url!r} holds no files")
+    return found
+
+
+def plan_recipe(lines: Iterable[str], where: str, allow_pipe: bool) -> list[tuple[str, str]]:
+    """(member name, source) for each `name source` line; `#` comments and blank lines skipped."""
+    out = []
+    for number, line in enumerate(lines, 1):
+        text = line.rstrip("\n")
+        if not text.strip() or text.lstrip().startswith("#"):
+            continue
+        parts = text.split("\t", 1) if "\t" in text else text.split(None, 1)
+        if len(parts) != 2 or not parts[0].strip() or not parts[1].strip():
+            raise JobError(f"recipe {where}, line {number}: expected 'archive-name source', got {text!r}")
+        name, source = parts[0].strip(), parts[1].strip()
+        if source.startswith("pipe:") and not allow_pipe:
+            raise JobError(f"recipe {where}, line {number}: pipe: sources run shell commands; pass --allow-pipe")
+        out.append((name, source))
+    return out
+
+
+def group_samples(pairs: list[tuple[str, str]], *, keys: str = "from-path", shuffle: bool = False,
+                  seed: int = 0) -> list[PlannedSample]:
+    """Members -> samples (adjacent names sharing a key; a key seen again later is an error)."""
+    samples: list[PlannedSample] = []
+    current: list[tuple[str, str]] = []
+    current_key: str | None = None
+    seen: set[str] = set()
+    exts: set[str] = set()
+    for name, source in pairs:
+        key, ext = split_name(name)
+        if not ext:
+            raise JobError(f"member {name!r}: no extension (a member needs <key>.<ext>)")
+        if key != current_key:
+            why = check_key(key)
+            if why:
+                raise JobError(f"member {name!r}: {why}")
+            if current_key is not None:
+                samples.append(PlannedSample(current_key, tuple(current)))
+            if key in seen:
+                raise JobError(f"member {name!r}: key {key!r} appears again after other samples; sort the plan")
+            seen.add(key)
+            current, current_key, exts = [], key, set()
+        if ext in exts:
+            raise JobError(f"member {name!r}: sample {key!r} already has a {ext!r} member")
+        current.append((ext, source))
+        exts.add(ext)
+    if current_key is not None:
+        samples.append(PlannedSample(current_key, tuple(current)))
+    if shuffle:
+        random.Random(seed).shuffle(samples)
+    if keys == "index":
+        samples = [PlannedSample(f"{i:06d}", s.members) for i, s in enumerate(samples)]
+    elif keys != "from-path":
+        raise JobError(f"keys must be 'from-path' or 'index', not {keys!r}")
+    return samples
+
+
+def read_local(path: str) -> bytes:
+    """A local file's bytes with plain os.open/os.read: for tiny files ~40 % cheaper than open().read()
+    (no buffered file object per file), which is most of the cost of packing many small files."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        chunks = [os.read(fd, 1 << 16)]
+        while chunks[-1]:
+            chunks.append(os.read(fd, 1 << 20))
+        return chunks[0] if len(chunks) == 2 else b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_source(source: str, storage_options: dict[str, Any] | None, timeout: float = 600.0) -> bytes:
+    """The bytes a plan source names: a local path, an fsspec URL, text:..., or pipe:CMD."""
+    try:
+        if source.startswith("text:"):
+            return source[5:].replace("\\n", "\n").replace("\\t", "\t").encode("utf-8")
+        if source.startswith("pipe:"):
+            return subprocess.run(source[5:], shell=True, check=True, stdin=subprocess.DEVNULL,
+                                  capture_output=True, timeout=timeout).stdout
+        if is_local(source):
+            return read_local(local_path(source))
+        fs, path = filesystem(source, so.options_for(source, storage_options))
+        return fs.cat_file(path)
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        raise ShardIOError(f"cannot read source {source!r}: {type(exc).__name__}: {exc}") from exc
+
+
+def default_jobs(samples: list[PlannedSample]) -> int:
+    """Reads in flight: a few for local files (more threads only fight over the GIL), many for remote."""
+    remote = any(not is_local(source) and not source.startswith(("text:", "pipe:"))
+                 for planned in samples[:100] for _, source in planned.members)
+    return 32 if remote else 4
+
+
+def read_samples_parallel(samples: list[PlannedSample], storage_options: dict[str, Any] | None,
+                          jobs: int | None = None, batch: int = 32) -> Iterator[dict[str, Any]]:
+    """Each planned sample with its members read, in plan order: batches of `batch` samples are read
+    by `jobs` threads, a bounded number of batches ahead (one future per batch keeps the pool's
+    overhead small next to the read of a tiny file)."""
+
+    def load(chunk: list[PlannedSample]) -> list[dict[str, Any]]:
+        out = []
+        for planned in chunk:
+            sample: dict[str, Any] = {"__key__": planned.key}
+            for ext, source in planned.members:
+                try:
+                    sample[ext] = read_source(source, storage_options)
+                except ShardIOError as exc:
+                    raise ShardIOError(f"member {ext!r}: {exc.reason}", key=planned.key) from exc
+            out.append(sample)
+        return out
+
+    jobs = jobs or default_jobs(samples)
+    window = 2 * jobs
+    with ThreadPoolExecutor(jobs, thread_name_prefix="shardflow-create") as pool:
+        pending: deque[Future[list[dict[str, Any]]]] = deque()
+        try:
+            for start in range(0, len(samples), batch):
+                pending.append(pool.submit(load, samples[start : start + batch]))
+                if len(pending) >= window:
+                    yield from pending.popleft().result()
+            while pending:
+                yield from pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()
+
+
+def write_shards(samples: list[PlannedSample], pattern: str, *, maxcount: int, maxsize: float,
+                 storage_options: dict[str, Any] | None, jobs: int | None = None,
+                 progress: Callable[[int], None] | None = None) -> list[ShardInfo]:
+    """Write the planned samples into shards named by `pattern` ({part} or %d: the shard index)."""
+    if "{" not in pattern and "%" not in pattern and len(samples) > maxcount:
+        raise JobError(f"output {pattern!r} names one shard but {len(samples)} samples need more "
+                       f"(--maxcount {maxcount}); give a pattern with {{part:06d}}")
+    writer = ShardWriter(_shard_pattern(pattern), maxcount=maxcount, maxsize=maxsize,
+                         storage_options=so.options_for(pattern, storage_options))
+    with writer:
+        for sample in read_samples_parallel(samples, storage_options, jobs):
+            writer.write(sample)
+            if progress is not None:
+                progress(1)
+    return writer.shards
+
+
+def _shard_pattern(pattern: str) -> Callable[[int], str]:
+    """`out/x-{part:06d}.tar`, `out/x-%06d.tar` or a fixed name (one shard) -> index -> URL."""
+    if "{" in pattern:
+        return lambda index: pattern.format(index, part=index, shard=index)
+    if "%" in pattern:
+        return lambda index: pattern % index
+
+    def fixed(index: int) -> str:
+        if index:
+            raise JobError(f"output {pattern!r} names one shard but the samples need more; give a pattern "
+                           "with {part:06d} or --maxcount/--maxsize large enough")
+        return pattern
+
+    return fixed
