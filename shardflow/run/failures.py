@@ -14,6 +14,7 @@ from typing import Any
 
 from shardflow.errors import RAISE, WARN, FailureKind, ShardflowError
 from shardflow.run.stats import Stats
+from shardflow.text import redact_userinfo, safe, safe_repr, truncate
 
 
 class TaskFailed(Exception):
@@ -42,10 +43,12 @@ class SampleFailures:
         if self.on_error == RAISE:
             kind = FailureKind.INPUT if isinstance(error, ShardflowError) else FailureKind.USER
             reason = self.errors[-1]["reason"]
-            raise TaskFailed(f"shard {url}, key {key!r}, {where}: {reason}", kind) from error
+            raise TaskFailed(f"shard {safe(redact_userinfo(url))}, key {safe_repr(key)}, {where}: {safe(reason, 2000)}",
+                             kind) from error
         if self.on_error == WARN:
             reason = self.errors[-1]["reason"]
-            print(f"shardflow: skipped shard {url}, key {key!r} ({where}): {reason}", file=sys.stderr)
+            print(f"shardflow: skipped shard {safe(redact_userinfo(url))}, key {safe_repr(key)} ({where}): "
+                  f"{safe(reason, 2000)}", file=sys.stderr)
         self.check_rate()
 
     def note(self, error: BaseException, url: str, key: str | None, where: str) -> None:
@@ -54,8 +57,10 @@ class SampleFailures:
         frames = traceback.extract_tb(error.__traceback__)
         digest = hashlib.sha1("|".join(f"{f.filename}:{f.lineno}:{f.name}" for f in frames).encode()).hexdigest()[:12]
         self.errors.append({
-            "task": self.task_id, "shard": url, "key": key, "stage": where, "type": type(error).__name__,
-            "reason": reason, "traceback": digest,
+            # the key and reason may hold a 5 MB name: cut (text.truncate); JSON escapes the rest
+            "task": self.task_id, "shard": redact_userinfo(url), "key": None if key is None else truncate(key),
+            "stage": where, "type": type(error).__name__, "reason": truncate(redact_userinfo(reason), 2000),
+            "traceback": digest,
         })
 
     def check_rate(self, final: bool = False) -> None:
@@ -79,4 +84,5 @@ class SampleFailures:
             return "no sample errors recorded"
         (stage, kind), errors = max(counts.items(), key=lambda item: len(item[1]))
         first = errors[0]
-        return f"most often at {stage}: {kind} ({len(errors)}x), e.g. key {first['key']!r}: {first['reason']}"
+        return (f"most often at {stage}: {kind} ({len(errors)}x), e.g. key {safe_repr(first['key'])}: "
+                f"{safe(first['reason'], 2000)}")

@@ -9,6 +9,7 @@ from typing import Any
 from shardflow.run.rundir import RunDir
 from shardflow.run.stats import Stats
 from shardflow.run.task import TaskResult
+from shardflow.text import safe
 
 
 @dataclass
@@ -55,7 +56,7 @@ class RunReport:
             lines.append("sample failures: " + ", ".join(f"{k} ({v})" for k, v in s.fail_reasons.most_common(5))
                          + f"; see {self.run_dir}/errors/")
         for task_id, failure in sorted(self.failed.items())[:10]:
-            lines.append(f"FAILED task {task_id} [{failure.get('kind')}]: {failure.get('error')}")
+            lines.append(f"FAILED task {task_id} [{failure.get('kind')}]: {safe(failure.get('error'), 2000)}")
         if len(self.failed) > 10:
             lines.append(f"... and {len(self.failed) - 10} more failed tasks (shardflow status {self.run_dir})")
         return "\n".join(lines)

@@ -1,0 +1,105 @@
+"""Issue 12, output and terminal safety: names from hostile shards are escaped and cut when printed,
+URL passwords are never written down, the float image encoder refuses out-of-range values, .pkl decodes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+from test_job_support import cli, errors_logged, write_job
+
+from shardflow.text import escape, redact_userinfo, safe, safe_repr, truncate
+
+EVIL_KEY = "a\x1b]0;pwned\x07\x1b[2Jb\nforged line\u202e"  # retitle, clear screen, a new line, bidi override
+
+
+def write_tar(path: Path, members: list[tuple[str, bytes]], fmt: int = tarfile.GNU_FORMAT) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w", format=fmt) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return str(path)
+
+
+def assert_terminal_safe(text: str) -> None:
+    assert "\x1b" not in text and "\x07" not in text and "\u202e" not in text
+    assert "forged line" not in "\n".join(line for line in text.splitlines() if line.startswith("forged line"))
+
+
+# -- the helper -------------------------------------------------------------------------------------
+
+
+def test_escape_and_truncate():
+    assert escape("plain/key_01 é ü") == "plain/key_01 é ü"
+    assert escape(EVIL_KEY) == "a\\x1b]0;pwned\\x07\\x1b[2Jb\\nforged line\\u202e"
+    assert escape("bad\udcff") == "bad\\udcff"  # a lone surrogate (non-UTF-8 byte) would make print() raise
+    long = "x" * 5_000_000
+    cut = truncate(long)
+    assert len(cut) < 400 and "more characters" in cut
+    assert len(safe(long)) < 400
+    assert safe_repr("a\nb") == "'a\\nb'"
+    assert redact_userinfo("see http://user:pw@host/x.tar and s3://b/k") == "see http://***@host/x.tar and s3://b/k"
+
+
+# -- ls / stats / status ----------------------------------------------------------------------------
+
+
+def test_ls_escapes_member_names(tmp_path):
+    shard = write_tar(tmp_path / "evil.tar", [(EVIL_KEY + ".txt", b"hi"), ("ok.txt", b"ok"),
+                                              ("x.ev\x1b[31mil", b"1")])
+    done = cli("ls", shard)
+    assert done.returncode == 0, done.stderr
+    assert_terminal_safe(done.stdout)
+    assert len(done.stdout.splitlines()) == 3  # one line per sample: no forged line
+    assert "a\\x1b]0;pwned\\x07\\x1b[2Jb\\nforged line\\u202e\ttxt:2" in done.stdout
+    as_json = cli("ls", "--json", shard)
+    keys = [json.loads(line)["key"] for line in as_json.stdout.splitlines()]
+    assert keys[0] == EVIL_KEY  # JSON keeps the exact key (JSON escapes it)
+    stats = cli("stats", shard)
+    assert stats.returncode == 0, stats.stderr
+    assert_terminal_safe(stats.stdout)
+    assert "ev\\x1b[31mil" in stats.stdout
+
+
+def test_errors_name_a_huge_long_name_in_a_bounded_line(tmp_path):
+    huge = "n" * 5_000_000  # a GNU long name without an extension: reported, named in the message
+    shard = write_tar(tmp_path / "long.tar", [("k.txt", b"1"), (huge, b"x"), ("k2.txt", b"2")])
+    done = cli("ls", "--on-error", "raise", shard)
+    assert done.returncode == 1
+    assert len(done.stderr) < 5000, len(done.stderr)
+    assert "more characters" in done.stderr
+
+
+def test_status_escapes_keys_and_cuts_errors_files(tmp_path):
+    huge = "h" * 2_000_000
+    shard = write_tar(tmp_path / "in" / "evil.tar", [
+        (EVIL_KEY + ".jpg", b"not an image"), (huge + ".jpg", b"not an image either"), ("fine.jpg", b"nope")])
+    job = write_job(tmp_path, """
+        def process(sample):
+            return sample
+    """)
+    out = tmp_path / "out"
+    done = cli("run", job, "--inputs", shard, "--outputs", str(out / "{name}.tar"), "--set", "decode=rgb8",
+               "--set", "max_failure_rate=1.0", "-b", "serial")
+    assert done.returncode == 0, done.stderr
+    assert_terminal_safe(done.stdout + done.stderr)
+    logged = errors_logged(out / "_shardflow")
+    assert {e["key"] for e in logged} >= {EVIL_KEY}
+    assert all(len(json.dumps(e)) < 5000 for e in logged)  # the 2 MB key is cut in errors/
+    status = cli("status", out / "_shardflow")
+    assert status.returncode == 0, status.stderr
+    assert_terminal_safe(status.stdout)
+    assert "a\\x1b]0;pwned" in status.stdout
+    assert max(len(line) for line in status.stdout.splitlines()) < 5000
+
+
+def test_one_line_error_for_a_hostile_url(tmp_path):
+    done = cli("ls", str(tmp_path / "no\x1b]0;x\x07such.tar"))
+    assert done.returncode == 1
+    assert_terminal_safe(done.stderr)
+    assert len(done.stderr.strip().splitlines()) == 1
