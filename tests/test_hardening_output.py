@@ -6,11 +6,18 @@ from __future__ import annotations
 
 import io
 import json
+import pickle
+import re
 import tarfile
 from pathlib import Path
 
-from test_job_support import cli, errors_logged, write_job
+import numpy as np
+import pytest
+from test_job_support import cli, errors_logged, make_shards, write_job
 
+from shardflow.codecs import Decoder, decode_value, encode_value
+from shardflow.errors import DecodeError, EncodeError
+from shardflow.shards.samples import read_samples
 from shardflow.text import escape, redact_userinfo, safe, safe_repr, truncate
 
 EVIL_KEY = "a\x1b]0;pwned\x07\x1b[2Jb\nforged line\u202e"  # retitle, clear screen, a new line, bidi override
@@ -103,3 +110,48 @@ def test_one_line_error_for_a_hostile_url(tmp_path):
     assert done.returncode == 1
     assert_terminal_safe(done.stderr)
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+# -- codecs ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scale, words", [
+    (255.0, "got values in [0, 255] (scale 0..255 images by 1/255)"),  # forgot the /255
+    (None, "got values in [-1, 1] (map [-1, 1] by (x + 1) / 2)"),  # a [-1, 1] tensor
+])
+def test_float_images_out_of_range_are_refused(scale, words):
+    ramp = np.linspace(0, 1, 64, dtype=np.float32).reshape(8, 8)
+    value = ramp * scale if scale else ramp * 2 - 1
+    with pytest.raises(EncodeError, match=re.escape(words)) as info:
+        encode_value("png", np.dstack([value] * 3), key="k1")
+    assert info.value.key == "k1"
+    edge = np.dstack([ramp] * 3)
+    edge[0, 0] = [1.001, -0.001, 0.5]  # rounding noise at the bounds is fine
+    assert decode_value("png", encode_value("png", edge), "rgb8")[0, 0].tolist() == [255, 0, 128]
+
+
+def test_float_tensor_out_of_range_in_a_job_is_one_sample_error(tmp_path):
+    make_shards(tmp_path / "in", 1, 3)
+    job = write_job(tmp_path, """
+        def process(sample):
+            image = sample["jpg"]
+            if sample["__key__"] == "s000001":
+                image = image * 255  # forgot that rgb decodes to [0, 1]
+            return {"__key__": sample["__key__"], "png": image}
+    """)
+    out = tmp_path / "out"
+    done = cli("run", job, "--inputs", str(tmp_path / "in" / "in-000000.tar"), "--outputs", str(out / "{name}.tar"),
+               "--set", "decode=torchrgb", "--set", "max_failure_rate=1.0", "-b", "serial")
+    assert done.returncode == 0, done.stderr
+    logged = errors_logged(out / "_shardflow")
+    assert [(e["key"], e["type"]) for e in logged] == [("s000001", "EncodeError")]
+    assert "float pixels must be in [0, 1]" in logged[0]["reason"]
+    assert [s["__key__"] for s in read_samples(str(out / "in-000000.tar"))] == ["s000000", "s000002"]
+
+
+def test_pkl_decodes_when_pickle_is_allowed():
+    data = pickle.dumps({"a": [1, 2]})
+    assert decode_value("pkl", data, allow_pickle=True) == {"a": [1, 2]}
+    with pytest.raises(DecodeError, match="allow_pickle"):
+        decode_value("pkl", data)
+    assert Decoder(allow_pickle=True)({"__key__": "k", "x.pkl": data})["x.pkl"] == {"a": [1, 2]}
