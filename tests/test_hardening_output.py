@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hardening_support import serve_directory
 from test_job_support import cli, errors_logged, make_shards, write_job
 
 from shardflow.codecs import Decoder, decode_value, encode_value
@@ -155,3 +156,35 @@ def test_pkl_decodes_when_pickle_is_allowed():
     with pytest.raises(DecodeError, match="allow_pickle"):
         decode_value("pkl", data)
     assert Decoder(allow_pickle=True)({"__key__": "k", "x.pkl": data})["x.pkl"] == {"a": [1, 2]}
+
+
+# -- URL passwords are never written down -----------------------------------------------------------
+
+
+def test_url_passwords_stay_out_of_the_run_directory(tmp_path):
+    make_shards(tmp_path / "in", 2, 3, bad={"s000001"})
+    (tmp_path / "in" / "in-000002.tar").write_bytes(b"garbage" * 200)  # a task that fails
+    job = write_job(tmp_path, """
+        def process(sample):
+            return {"__key__": sample["__key__"], "jpg": sample["jpg"]}
+    """)
+    out = tmp_path / "out"
+    with serve_directory(tmp_path / "in", auth="alice:s3cretpw") as base:
+        inputs = base.replace("http://", "http://alice:s3cretpw@") + "/in-{000000..000002}.tar"
+        done = cli("run", job, "--inputs", inputs, "--outputs", str(out / "{name}.tar"), "--set", "decode=rgb8",
+                   "--set", "max_failure_rate=1.0", "-b", "serial", "--json")
+        plan = cli("plan", job, "--inputs", inputs, "--outputs", str(out / "{name}.tar"))
+    assert done.returncode == 1, done.stderr  # task 2 failed, the others are done (the password worked)
+    report = json.loads(done.stdout)
+    assert report["done"] == 2 and set(report["failed"]) == {"2"}
+    status = cli("status", out / "_shardflow", "--json")
+    written = {p.name: p.read_bytes() for p in (out / "_shardflow").rglob("*") if p.is_file()}
+    assert {"plan.json", "job.pkl", "000000.json", "000002.json", "000000.jsonl", "summary.json"} <= set(written)
+    for name, data in written.items():
+        assert b"s3cretpw" not in data, name
+    for text in (done.stdout, done.stderr, plan.stdout, plan.stderr, status.stdout):
+        assert "s3cretpw" not in text
+    assert "http://***@127.0.0.1" in (out / "_shardflow" / "plan.json").read_text()
+    # a pod reading the plan cannot reopen the URL; it says why instead of sending '***'
+    worker = cli("worker", "--run-dir", out / "_shardflow", "--index", "2")
+    assert "password of this URL was left out" in worker.stdout + worker.stderr

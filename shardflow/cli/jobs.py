@@ -29,6 +29,7 @@ from shardflow.cli.common import (
 )
 from shardflow.errors import ShardflowError
 from shardflow.storage import options as so
+from shardflow.text import safe
 
 
 def register(group: click.Group) -> None:
@@ -123,7 +124,7 @@ def run_command(jobfile: str, inputs: str | None, outputs: str | None, settings:
     finally:
         signal.signal(signal.SIGTERM, previous)
     if as_json:
-        click.echo(json.dumps(report.to_json(), indent=1, sort_keys=True))
+        click.echo(json.dumps(so.redact_urls_deep(report.to_json()), indent=1, sort_keys=True))
     else:
         click.echo(so.scrub(str(report), options))
     if report.interrupted:
@@ -190,7 +191,7 @@ def plan_command(jobfile: str, inputs: str | None, outputs: str | None, settings
     if as_json:
         click.echo(json.dumps({
             "job": job.describe(), "job_file": str(loaded.path), "params": loaded.params, "run_dir": job.run_dir,
-            "run_dir_state": state, "done": sorted(done), "tasks": task_json,
+            "run_dir_state": state, "done": sorted(done), "tasks": so.redact_urls_deep(task_json),
         }, indent=1, sort_keys=True, default=repr))
         return
     click.echo(f"job {job.name} ({loaded.path}){': ' + loaded.summary() if loaded.summary() else ''}")
@@ -209,7 +210,7 @@ def plan_command(jobfile: str, inputs: str | None, outputs: str | None, settings
     for task in shown:
         mark = " [done]" if task.id in done else ""
         inputs_text = task.inputs[0] if len(task.inputs) == 1 else f"{task.inputs[0]} ... ({len(task.inputs)} shards)"
-        click.echo(f"  task {task.id:>6}: {inputs_text} -> {task.output}{mark}")
+        click.echo(safe(so.redact_urls(f"  task {task.id:>6}: {inputs_text} -> {task.output}{mark}"), None))
     if len(shown) < len(tasks):
         click.echo(f"  ... {len(tasks) - len(shown)} more (--limit 0 lists all)")
     if tasks:

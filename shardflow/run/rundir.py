@@ -26,7 +26,7 @@ import cloudpickle
 from shardflow.errors import JobError
 from shardflow.run.task import Task, TaskResult
 from shardflow.storage.atomic import is_temp_name, write_local_atomic
-from shardflow.storage.options import redact, strip_redacted
+from shardflow.storage.options import redact, redact_urls_deep, strip_redacted
 from shardflow.storage.paths import filesystem, is_local
 
 PLAN_VERSION = 1
@@ -40,6 +40,7 @@ def plan_fingerprint(tasks: list[dict[str, Any]], settings: dict[str, Any] | Non
     """Stable digest of the task list (and of the job settings that shape the outputs, when given):
     a rerun into the same run dir must plan the same tasks with the same settings."""
     obj: Any = tasks if settings is None else {"tasks": tasks, "settings": settings}
+    obj = redact_urls_deep(obj)  # as written down: no URL password, not even hashed
     text = json.dumps(obj, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -90,7 +91,7 @@ class RunDir:
         return self.fs.cat_file(self._path(name))
 
     def write_json(self, name: str, obj: Any) -> None:
-        self.write_bytes(name, json.dumps(obj, indent=1, sort_keys=True).encode())
+        self.write_bytes(name, json.dumps(redact_urls_deep(obj), indent=1, sort_keys=True).encode())
 
     def read_json(self, name: str) -> Any:
         return json.loads(self.read_bytes(name))
@@ -167,6 +168,7 @@ class RunDir:
         """
         stored = copy.copy(job)
         stored.storage_options = strip_redacted(redact(job.storage_options))
+        stored.inputs, stored.outputs = redact(job.inputs), redact(job.outputs)  # URL passwords: memory only
         self.write_bytes("job.pkl", cloudpickle.dumps(stored))
 
     # -- task state ----------------------------------------------------------------------------
@@ -195,7 +197,7 @@ class RunDir:
         return TaskResult.failed(task.id, error, kind, attempts)
 
     def write_errors(self, task_id: int, records: Iterable[dict[str, Any]]) -> None:
-        lines = "".join(json.dumps(r, sort_keys=True) + "\n" for r in records)
+        lines = "".join(json.dumps(redact_urls_deep(r), sort_keys=True) + "\n" for r in records)
         name = f"errors/{task_name(task_id)}.jsonl"
         if lines:
             self.write_bytes(name, lines.encode())
