@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from shardflow.errors import RAISE, FailureKind, JobError
+from shardflow.run.lease import RunLease
 from shardflow.run.progress import Progress
 from shardflow.run.report import RunReport, build_report
 from shardflow.run.task import Task, TaskResult
@@ -36,13 +37,19 @@ def get_backend(name: str) -> Execute:
     return getattr(importlib.import_module(module), func)
 
 
-def run_job(job: "ShardJob", backend: str = "processes", *, force: bool = False,
-            progress: bool | None = None, **options: Any) -> RunReport:
+def run_job(job: "ShardJob", backend: str = "processes", *, steal: bool = False, **options: Any) -> RunReport:
     """Plan (once), run the pending tasks on `backend`, and return the merged report.
 
     Ctrl-C stops the workers; shards in progress are discarded and the report says `interrupted`,
-    so a rerun picks up where this one stopped.
+    so a rerun picks up where this one stopped. The driver holds the run directory's lease meanwhile
+    (run.lease: a second driver is refused; `steal` takes over an expired one).
     """
+    with RunLease(job.rundir(), steal=steal):
+        return _run_pending(job, backend, **options)
+
+
+def _run_pending(job: "ShardJob", backend: str = "processes", *, force: bool = False,
+                 progress: bool | None = None, **options: Any) -> RunReport:
     execute = get_backend(backend)
     started = time.perf_counter()
     run_dir = job.prepare(force=force)

@@ -93,9 +93,10 @@ def _backend_names() -> list[str]:
 @click.option("--force", is_flag=True, help="discard the run directory's progress if it holds a different plan")
 @click.option("--progress/--no-progress", default=None, help="progress bar on stderr (default: when a terminal)")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON instead of text")
+@click.option("--steal", is_flag=True, help="take over the run directory's lease when its driver's has expired")
 def run_command(jobfile: str, inputs: str | None, outputs: str | None, settings: tuple[str, ...],
                 run_dir: str | None, storage_option: tuple[str, ...], backend: str, workers: int | None,
-                address: str | None, force: bool, progress: bool | None, as_json: bool) -> None:
+                address: str | None, force: bool, progress: bool | None, as_json: bool, steal: bool) -> None:
     """Run a job file over input shards into output shards, resuming where an earlier run stopped.
 
     JOBFILE is a job file (jobs/augment.py) or the name of a built-in job (augment, resize, filter,
@@ -116,6 +117,8 @@ def run_command(jobfile: str, inputs: str | None, outputs: str | None, settings:
         backend_options["workers"] = workers
     if address is not None:
         backend_options["address"] = address
+    if steal:
+        backend_options["steal"] = True
     previous = _sigterm_as_interrupt()
     try:
         with _errors(options):
