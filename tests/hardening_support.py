@@ -45,6 +45,7 @@ def serve_directory(directory: Path, auth: str | None = None) -> Iterator[str]:
     """Serve `directory` on 127.0.0.1; yields the base URL. `auth` "user:password" requires Basic auth."""
     handler = type("Handler", (_Handler,), {"auth": auth})
     server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(directory)))
+    server.handle_error = lambda *args: None  # a client closing early (a Range probe) is not an error here
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

@@ -23,11 +23,12 @@ from typing import Any, Iterable
 
 import cloudpickle
 
-from shardflow.errors import JobError
+from shardflow.errors import JobError, ShardIOError
 from shardflow.run.task import Task, TaskResult
 from shardflow.storage.atomic import is_temp_name, write_local_atomic
 from shardflow.storage.options import redact, redact_urls_deep, strip_redacted
 from shardflow.storage.paths import filesystem, is_local
+from shardflow.storage.retrying_fs import RetryingFileSystem
 
 PLAN_VERSION = 1
 
@@ -74,6 +75,8 @@ class RunDir:
         self.storage_options = storage_options
         self.fs, self.path = filesystem(self.url, storage_options)
         self._local = is_local(self.url)
+        if not self._local:  # the same retry policy as shard I/O; "lost the store, rerun" past it
+            self.fs = RetryingFileSystem(self.fs, self.url)
 
     def _path(self, name: str) -> str:
         return f"{self.path}/{name}"
@@ -193,7 +196,11 @@ class RunDir:
 
     def record_failure(self, task: Task, error: str, kind: str, *, attempts: int = 1) -> TaskResult:
         """Write why `task` failed (failed/NNNNNN.json) and return the failed TaskResult."""
-        self.mark_failed(task.id, {"task": task.id, "error": error, "kind": str(kind), "inputs": list(task.inputs)})
+        try:
+            self.mark_failed(task.id, {"task": task.id, "error": error, "kind": str(kind), "inputs": list(task.inputs)})
+        except OSError as exc:  # a full disk beside the outputs: say which task, why, and which file
+            raise ShardIOError(f"task {task.id} failed ({error}) and its failure record could not be written "
+                               f"either: {type(exc).__name__}: {exc}") from exc
         return TaskResult.failed(task.id, error, kind, attempts)
 
     def write_errors(self, task_id: int, records: Iterable[dict[str, Any]]) -> None:

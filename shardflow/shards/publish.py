@@ -18,6 +18,7 @@ from fsspec.spec import AbstractBufferedFile
 
 from shardflow.errors import ShardIOError
 from shardflow.storage.atomic import fsync_dir, temp_name
+from shardflow.storage.local_files import open_write_named
 from shardflow.storage.paths import filesystem, local_path, protocol
 from shardflow.storage.retry import describe
 from shardflow.storage.upload import abort_upload, in_event_loop, open_upload, upload_block_size
@@ -92,7 +93,7 @@ class LocalReplace(AtomicOutput):
         self._final = local_path(url)
         self._temp = temp_name(self._final, tag)
         os.makedirs(os.path.dirname(os.path.abspath(self._temp)), exist_ok=True)
-        self._file = open(self._temp, "wb", buffering=1 << 20)
+        self._file = open_write_named(self._temp, self._final)  # a full disk names the shard
 
     def _publish(self) -> None:
         self._file.flush()

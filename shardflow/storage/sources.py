@@ -15,15 +15,11 @@ from __future__ import annotations
 import errno
 from typing import Any, Callable
 
-from shardflow.errors import ShardIOError
+from shardflow.storage.local_files import ObjectChangedError
 from shardflow.storage.paths import fs_protocols
 
 _IDENTITY_KEYS = ("size", "ETag", "etag", "generation", "VersionId", "version_id", "md5Hash", "crc32c",
                   "LastModified", "mtime", "updated", "checksum")
-
-
-class ObjectChangedError(ShardIOError):
-    """The object was replaced, deleted or truncated while it was being read."""
 
 
 def _deleted(url: str) -> ObjectChangedError:
@@ -66,6 +62,10 @@ class ObjectSource:
 
     def fetch(self, start: int, end: int) -> bytes:
         return self.fs.cat_file(self.path, start=start, end=end)
+
+    def accepts_ranges(self) -> bool:
+        """Whether ranged reads work; asked only of objects bigger than one block."""
+        return True
 
     def check_unchanged(self) -> None:
         """Raise ObjectChangedError when the object is no longer the one opened."""
@@ -168,9 +168,26 @@ class GCSSource(ObjectSource):
         return data
 
 
+class HTTPSource(ObjectSource):
+    """Plain HTTP(S) servers: many (`python -m http.server`) ignore Range and answer 200 with the whole
+    body. A GET for one byte tells: 206 ranges work; 200 means one streamed GET (no resume) instead."""
+
+    def accepts_ranges(self) -> bool:
+        return bool(_sync(self.fs, self._probe))
+
+    async def _probe(self) -> bool:
+        kw = dict(self.fs.kwargs)
+        kw["headers"] = {**(kw.get("headers") or {}), "Range": "bytes=0-0"}
+        session = await self.fs.set_session()
+        async with session.get(self.fs.encode_url(self.path), **kw) as resp:  # the body is never read
+            return resp.status == 206
+
+
 # protocol -> (source class, the filesystem method it relies on: absent means another library owns
 # the protocol name, and the generic source is used instead)
 SOURCES: dict[str, tuple[type[ObjectSource], str]] = {
+    "http": (HTTPSource, "encode_url"),
+    "https": (HTTPSource, "encode_url"),
     "gcs": (GCSSource, "call"),
     "gs": (GCSSource, "call"),
     "s3": (S3Source, "_call_s3"),
