@@ -51,11 +51,13 @@ def _restart_later(server, delay: float) -> threading.Thread:
 def test_run_dir_io_is_retried_while_the_store_is_down(tmp_path, s3_server, s3_bucket):
     make_shards(tmp_path / "in", 2, 3)
     job = write_job(tmp_path, COPY_JOB)
-    env = {**cli_env(), **s3_server.env}
+    # botocore's own retries (a few seconds) would hide an outage this short: one attempt each, so
+    # what keeps the driver alive is shardflow's retry policy for the run directory
+    env = {**cli_env(), **s3_server.env, "AWS_MAX_ATTEMPTS": "1", "AWS_RETRY_MODE": "standard"}
     args = [sys.executable, "-m", "shardflow.cli", "run", str(job), "--inputs", spec(tmp_path / "in", "in", 2),
             "--outputs", f"{s3_bucket}/out/{{name}}.tar", "-b", "serial"]
     s3_server.stop()  # the driver starts while the store is away: its first run-dir reads must wait
-    restart = _restart_later(s3_server, 2.0)
+    restart = _restart_later(s3_server, 3.0)
     try:
         done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
     finally:
