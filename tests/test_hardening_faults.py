@@ -203,3 +203,37 @@ def test_http_small_shards_still_read_in_ranges(tmp_path):
         assert [s["__key__"] for s in read_samples(f"{base}/small.tar")] == keys
 
 
+
+
+# -- 19: a Dask scheduler without workers ----------------------------------------------------------------
+
+
+@pytest.fixture()
+def lonely_scheduler(tmp_path):
+    pytest.importorskip("distributed")
+    from conftest import DaskCluster, _dask_command
+
+    cluster = DaskCluster(tmp_path / "dask", _dask_command())
+    cluster.workdir.mkdir()
+    cluster.start_scheduler()
+    yield cluster
+    cluster.close()
+
+
+def test_dask_scheduler_without_workers_is_reported_and_limited(tmp_path, lonely_scheduler):
+    make_shards(tmp_path / "in", 1, 2)
+    job = write_job(tmp_path, COPY_JOB)
+    args = ["run", job, "--inputs", tmp_path / "in" / "in-000000.tar", "--outputs",
+            str(tmp_path / "out" / "{name}.tar"), "-b", "dask", "--address", lonely_scheduler.address]
+    started = time.monotonic()
+    done = cli(*args, "--wait-workers", "6", timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert time.monotonic() - started < 60
+    assert f"the Dask scheduler at {lonely_scheduler.address} has no workers; waited 5 s so far" in done.stderr
+    assert f"no Dask worker joined the scheduler at {lonely_scheduler.address} in 6 s" in done.stderr
+    assert "Traceback" not in done.stderr
+    # without a limit it waits, and goes on as soon as a worker joins
+    lonely_scheduler.start_worker(wait=False)
+    joined = cli(*args, timeout=180)
+    assert joined.returncode == 0, joined.stderr
+    assert cli("run", job, "--inputs", "x", "--outputs", "y", "--wait-workers", "3").returncode == 2

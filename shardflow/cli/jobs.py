@@ -94,9 +94,12 @@ def _backend_names() -> list[str]:
 @click.option("--progress/--no-progress", default=None, help="progress bar on stderr (default: when a terminal)")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON instead of text")
 @click.option("--steal", is_flag=True, help="take over the run directory's lease when its driver's has expired")
+@click.option("--wait-workers", type=click.FloatRange(min=0), metavar="SECONDS",
+              help="with --address: give up when no Dask worker has joined after SECONDS (default: wait)")
 def run_command(jobfile: str, inputs: str | None, outputs: str | None, settings: tuple[str, ...],
                 run_dir: str | None, storage_option: tuple[str, ...], backend: str, workers: int | None,
-                address: str | None, force: bool, progress: bool | None, as_json: bool, steal: bool) -> None:
+                address: str | None, force: bool, progress: bool | None, as_json: bool, steal: bool,
+                wait_workers: float | None) -> None:
     """Run a job file over input shards into output shards, resuming where an earlier run stopped.
 
     JOBFILE is a job file (jobs/augment.py) or the name of a built-in job (augment, resize, filter,
@@ -117,8 +120,12 @@ def run_command(jobfile: str, inputs: str | None, outputs: str | None, settings:
         backend_options["workers"] = workers
     if address is not None:
         backend_options["address"] = address
+    if wait_workers is not None and backend != "dask":
+        raise click.BadParameter("--wait-workers is for --backend dask", param_hint="--wait-workers")
     if steal:
         backend_options["steal"] = True
+    if wait_workers is not None:
+        backend_options["wait_workers"] = wait_workers
     previous = _sigterm_as_interrupt()
     try:
         with _errors(options):
