@@ -15,6 +15,7 @@ class _Handler(SimpleHTTPRequestHandler):
     """Python's own file server (no Range support, like `python -m http.server`), with optional Basic auth."""
 
     auth: str | None = None
+    stats: dict | None = None
 
     def log_message(self, *args: object) -> None:  # quiet
         pass
@@ -32,6 +33,8 @@ class _Handler(SimpleHTTPRequestHandler):
         return False
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        if self.stats is not None:
+            self.stats["gets"] = self.stats.get("gets", 0) + 1
         if self._allowed():
             super().do_GET()
 
@@ -41,9 +44,10 @@ class _Handler(SimpleHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def serve_directory(directory: Path, auth: str | None = None) -> Iterator[str]:
-    """Serve `directory` on 127.0.0.1; yields the base URL. `auth` "user:password" requires Basic auth."""
-    handler = type("Handler", (_Handler,), {"auth": auth})
+def serve_directory(directory: Path, auth: str | None = None, stats: dict | None = None) -> Iterator[str]:
+    """Serve `directory` on 127.0.0.1; yields the base URL. `auth` "user:password" requires Basic auth;
+    `stats` (a dict) counts the GETs served under "gets"."""
+    handler = type("Handler", (_Handler,), {"auth": auth, "stats": stats})
     server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(directory)))
     server.handle_error = lambda *args: None  # a client closing early (a Range probe) is not an error here
     thread = threading.Thread(target=server.serve_forever, daemon=True)

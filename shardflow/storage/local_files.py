@@ -4,8 +4,9 @@
   an OSError naming `label` (the final name of what was being written), not a bare
   `[Errno 28] No space left on device` that leaves the user guessing which of a thousand files.
 - `open_read_pinned(path, url)`: a local input is pinned by (size, mtime_ns, inode, device) when it is
-  opened, like S3 reads are pinned by ETag; a file overwritten or replaced while it is read fails the
-  read with ObjectChangedError instead of yielding a shard that mixes old and new samples.
+  opened, like S3 reads are pinned by ETag; a file overwritten in place while it is read fails the
+  read with ObjectChangedError instead of yielding a shard that mixes old and new samples. A file
+  renamed over (how shardflow and most tools publish) is read to its end in the version opened.
 """
 
 from __future__ import annotations
@@ -62,17 +63,14 @@ class _PinnedReadFile(io.FileIO):
         self.pin = _pin(os.fstat(self.fileno()))
 
     def _check(self) -> None:
-        now = _pin(os.fstat(self.fileno()))  # rewritten in place (same inode)
-        try:
-            named = _pin(os.stat(self.name))  # renamed over or deleted (the fd still reads the old one)
-        except FileNotFoundError:
-            named = None
-        if now != self.pin or named != self.pin:
+        # fstat: the inode this file descriptor reads. A file renamed over or deleted meanwhile is
+        # still read whole in the version opened (consistent); one rewritten in place is not.
+        now = _pin(os.fstat(self.fileno()))
+        if now != self.pin:
             size, mtime, _, _ = self.pin
-            what = "deleted" if named is None else "replaced" if named[2:] != self.pin[2:] else "overwritten"
             raise ObjectChangedError(
-                f"local file {what} while it was being read (size {size}, mtime_ns {mtime} at open): its "
-                "samples would mix two versions", url=self.url)
+                f"local file overwritten while it was being read (size {size}, mtime_ns {mtime} at open; size "
+                f"{now[0]}, mtime_ns {now[1]} now): its samples would mix two versions", url=self.url)
 
     def readinto(self, buffer: Any) -> int | None:  # type: ignore[override]
         n = super().readinto(buffer)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Callable
 from shardflow.errors import ShardIOError
 from shardflow.storage.local_files import open_read_pinned, open_write_named
 from shardflow.storage.options import options_for
-from shardflow.storage.paths import fs_protocols, local_path
+from shardflow.storage.paths import local_path
 from shardflow.storage.remote_read import DEFAULT_BLOCK_SIZE, DEFAULT_READAHEAD, RemoteReader, UnsizedObjectError
 from shardflow.storage.retry import DEFAULT_RETRY, describe
 from shardflow.storage.upload import open_upload, upload_block_size
@@ -101,9 +101,8 @@ def read_ranged(request: OpenRequest, options: dict[str, Any]) -> Any:
             retry=request.retry or DEFAULT_RETRY,
             storage_options=options,
         )
-    except UnsizedObjectError:  # no size, or no ranges: one plain stream (no resume after a fault)
-        http = bool({"http", "https"} & set(fs_protocols(fs)))  # block_size 0: fsspec's one streamed GET
-        return fs.open(path, "rb", block_size=0 if http else request.block_size or DEFAULT_BLOCK_SIZE)
+    except UnsizedObjectError:
+        return fs.open(path, "rb", block_size=request.block_size or DEFAULT_BLOCK_SIZE)  # no resume
 
 
 @writing

@@ -64,9 +64,6 @@ class RemoteReader(io.RawIOBase):
         if self._source.size is None:
             raise UnsizedObjectError("the server reports no size for this object, so it cannot be read in ranges",
                                      url=url)
-        if self._source.size > self.block_size and not call_with_retries(
-                self._source.accepts_ranges, url=url, what="open", retry=retry, storage_options=storage_options):
-            raise UnsizedObjectError("the server does not honour range requests: read as one stream", url=url)
         self.size: int = self._source.size
         self._pos = 0  # the caller's offset
         self._buf = b""
@@ -133,6 +130,7 @@ class RemoteReader(io.RawIOBase):
                 self._pool.shutdown(wait=False, cancel_futures=True)
                 self._pool = None
             self._buf = b""
+            self._source.close()  # e.g. an HTTP body still being streamed
         super().close()
 
     # -- blocks ---------------------------------------------------------------------------------
