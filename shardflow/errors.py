@@ -10,6 +10,10 @@ import warnings
 from enum import Enum
 from typing import Callable
 
+from shardflow.text import redact_userinfo, safe, safe_repr
+
+_MAX_REASON = 2000
+
 
 class ShardflowError(Exception):
     """Base class: a reason plus the location (url, key, offset) it applies to."""
@@ -29,14 +33,16 @@ class ShardflowError(Exception):
         super().__init__(self._message())
 
     def _message(self) -> str:
+        # url, key and reason may come from data: escaped, truncated, URL passwords left out (text.py)
         where = []
         if self.url is not None:
-            where.append(f"shard {self.url}")
+            where.append(f"shard {safe(redact_userinfo(self.url))}")
         if self.key is not None:
-            where.append(f"key {self.key!r}")
+            where.append(f"key {safe_repr(self.key)}")
         if self.offset is not None:
             where.append(f"offset {self.offset}")
-        return f"{', '.join(where)}: {self.reason}" if where else self.reason
+        reason = safe(redact_userinfo(self.reason), limit=_MAX_REASON)
+        return f"{', '.join(where)}: {reason}" if where else reason
 
     def __reduce__(self):  # keep the fields when crossing process boundaries (Dask, pools)
         return (_rebuild, (type(self), self.reason, self.url, self.key, self.offset))

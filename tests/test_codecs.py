@@ -213,8 +213,9 @@ def test_quality_settings_change_output():
         Encoder(png_compress_level=10)
 
 
-def test_float_arrays_are_scaled_rounded_and_clipped():
-    arr = np.array([[[-0.5, 0.0, 0.5], [1.0, 1.5, 0.2]], [[np.nan, 0.998, 0.002], [0.25, 0.75, 1.0]]])
+def test_float_arrays_are_scaled_and_rounded():
+    # values just outside [0, 1] (rounding) are clipped; far outside is an EncodeError (test_hardening_output)
+    arr = np.array([[[-0.001, 0.0, 0.5], [1.0, 1.001, 0.2]], [[np.nan, 0.998, 0.002], [0.25, 0.75, 1.0]]])
     out = decode_value("png", encode_value("png", arr), "rgb8")
     expect = np.array([[[0, 0, 128], [255, 255, 51]], [[0, 254, 1], [64, 191, 255]]], np.uint8)
     np.testing.assert_array_equal(out, expect)

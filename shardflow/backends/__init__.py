@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from shardflow.errors import RAISE, FailureKind, JobError
+from shardflow.run.lease import RunLease
 from shardflow.run.progress import DEFAULT_HEARTBEAT_S, Progress, json_reader, known_total
 from shardflow.run.report import RunReport, build_report
 from shardflow.run.task import Task, TaskResult
@@ -38,17 +39,27 @@ def get_backend(name: str) -> Execute:
     return getattr(importlib.import_module(module), func)
 
 
-def run_job(job: "ShardJob", backend: str = "processes", *, force: bool = False,
-            progress: bool | None = None, redo: bool = False, resume_anyway: bool = False,
-            overwrite: bool = False, limit: int | None = None, limit_tasks: int | None = None,
-            debug: bool = False, heartbeat: float | None = DEFAULT_HEARTBEAT_S, **options: Any) -> RunReport:
+def run_job(job: "ShardJob", backend: str = "processes", *, steal: bool = False, **options: Any) -> RunReport:
     """Plan (once), run the pending tasks on `backend`, and return the merged report.
 
     Ctrl-C stops the workers; shards in progress are discarded and the report says `interrupted`,
-    so a rerun picks up where this one stopped. `redo`/`resume_anyway`/`overwrite`: see run.guard;
-    `limit`: a trial on the first samples of each task, in a scratch run (run.trial); `debug`: serial,
-    the first failure raises its own exception; `heartbeat`: seconds between progress lines off a terminal.
+    so a rerun picks up where this one stopped. The driver holds the run directory's lease meanwhile
+    (run.lease: a second driver is refused; `steal` takes over an expired one); a trial run (`limit`)
+    writes only to its scratch run and takes none. Options: see `_run_pending`.
     """
+    if options.get("limit") is not None:
+        return _run_pending(job, backend, **options)
+    with RunLease(job.rundir(), steal=steal):
+        return _run_pending(job, backend, **options)
+
+
+def _run_pending(job: "ShardJob", backend: str = "processes", *, force: bool = False,
+                 progress: bool | None = None, redo: bool = False, resume_anyway: bool = False,
+                 overwrite: bool = False, limit: int | None = None, limit_tasks: int | None = None,
+                 debug: bool = False, heartbeat: float | None = DEFAULT_HEARTBEAT_S, **options: Any) -> RunReport:
+    """`redo`/`resume_anyway`/`overwrite`: see run.guard; `limit`: a trial on the first samples of each
+    task, in a scratch run (run.trial); `debug`: serial, the first failure raises its own exception;
+    `heartbeat`: seconds between progress lines off a terminal."""
     execute = get_backend(backend)
     started = time.perf_counter()
     if debug:

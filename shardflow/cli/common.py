@@ -19,6 +19,7 @@ import click
 
 from shardflow.errors import ShardflowError
 from shardflow.storage import options as so
+from shardflow.text import safe
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # some tasks failed; an inspection or manifest command failed
@@ -40,7 +41,8 @@ class Fail(click.ClickException):
         self.exit_code = exit_code
 
     def show(self, file: Any = None) -> None:
-        click.echo(f"shardflow: error: {self.format_message()}", err=True)
+        # one line, whatever the message quotes from data (names, keys, URLs)
+        click.echo(f"shardflow: error: {safe(self.format_message(), limit=4000)}", err=True)
 
 
 @contextmanager

@@ -37,6 +37,7 @@ from shardflow.storage.counting import CountingReader
 from shardflow.storage.locate import resolve
 from shardflow.storage.schemes import open_read
 from shardflow.storage.specs import expand
+from shardflow.text import safe, safe_repr
 
 _PIPE_HELP = "allow pipe:CMD URLs (they run shell commands)"
 
@@ -88,6 +89,12 @@ def _samples(stream: BinaryIO, url: str, on_error: str, warn: Any = None) -> Ite
     return iter_samples(iter_members(stream, url, resync=resync), url, on_error=on_error, report=warn)
 
 
+def _ls_line(key: str, sizes: dict[str, int]) -> str:
+    """One `ls` line; key and extensions are data: escaped so that no name can forge a line or
+    drive the terminal (--json keeps them exact, JSON escapes them)."""
+    return safe(key, None) + "\t" + " ".join(f"{safe(e, None)}:{n}" for e, n in sizes.items()) + "\n"
+
+
 def _warn(error: ShardflowError) -> None:
     click.echo(f"shardflow: warning: {error}", err=True)
 
@@ -131,16 +138,17 @@ def ls_command(spec: tuple[str, ...], as_json: bool, on_error: str, allow_pipe: 
         nsamples = nbytes = 0
         for url in shards:
             if len(shards) > 1 and not as_json:
-                out.write(f"# {url}\n")
+                out.write(f"# {safe(so.redact_urls(url), None)}\n")
             with _open(url, options, allow_pipe) as stream:
                 for sample in _samples(stream, url, on_error, _warn):  # type: ignore[arg-type]
                     sizes = {ext: len(v) for ext, v in sample.items() if not ext.startswith("__")}
                     nsamples += 1
                     nbytes += sum(sizes.values())
                     if as_json:
-                        out.write(json.dumps({"shard": url, "key": sample["__key__"], "members": sizes}) + "\n")
+                        record = {"shard": so.redact_urls(url), "key": sample["__key__"], "members": sizes}
+                        out.write(json.dumps(record) + "\n")
                     else:
-                        out.write(sample["__key__"] + "\t" + " ".join(f"{e}:{n}" for e, n in sizes.items()) + "\n")
+                        out.write(_ls_line(sample["__key__"], sizes))
         out.flush()
         click.echo(f"{nsamples} samples, {nbytes} bytes of data ({_human(nbytes)}) in {len(shards)} shard(s)", err=True)
 
@@ -181,8 +189,8 @@ def cat_command(url: str, keys: tuple[str, ...], exts: tuple[str, ...], allow_pi
                 chosen = [e for e in wanted_exts if e in sample] if wanted_exts else present
                 if wanted_exts and not chosen and keys:
                     raise Fail(
-                        f"shard {url}, key {key!r}: no member with extension "
-                        f"{', '.join(map(repr, wanted_exts))} (it has {', '.join(present)})", EXIT_FAILED
+                        f"shard {safe(url)}, key {safe_repr(key)}: no member with extension "
+                        f"{', '.join(map(repr, wanted_exts))} (it has {safe(', '.join(present))})", EXIT_FAILED
                     )
                 for ext in chosen:
                     out.write(value_bytes(sample[ext]))
@@ -191,8 +199,8 @@ def cat_command(url: str, keys: tuple[str, ...], exts: tuple[str, ...], allow_pi
                     break
         out.flush()
         if remaining:
-            missing = ", ".join(repr(k) for k in sorted(remaining))
-            raise Fail(f"shard {url}: no sample with key {missing}", EXIT_FAILED)
+            missing = ", ".join(safe_repr(k) for k in sorted(remaining))
+            raise Fail(f"shard {safe(url)}: no sample with key {missing}", EXIT_FAILED)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -355,12 +363,14 @@ def _format_stats(st: _Stats) -> str:
     if st.problems:
         lines.append(f"problems      {st.problems} (see the warnings above)")
     if st.extensions:
-        width = max(9, *(len(e) for e in st.extensions))
+        names = {ext: safe(ext, 40) for ext in st.extensions}  # extensions are data
+        width = max(9, *(len(e) for e in names.values()))
         lines.append("")
         lines.append(f"{'extension':<{width}}  {'count':>10}  {'bytes':>14}  {'mean':>10}  {'min':>10}  {'max':>10}")
         for ext, e in sorted(st.extensions.items()):
             mean = e.nbytes / e.count if e.count else 0
             lines.append(
-                f"{ext:<{width}}  {e.count:>10}  {e.nbytes:>14}  {mean:>10.0f}  {e.smallest or 0:>10}  {e.largest:>10}"
+                f"{names[ext]:<{width}}  {e.count:>10}  {e.nbytes:>14}  {mean:>10.0f}  {e.smallest or 0:>10}  "
+                f"{e.largest:>10}"
             )
     return "\n".join(lines)

@@ -31,6 +31,7 @@ from shardflow.cli.locations import location_flags
 from shardflow.cli.trying import flag_values, run_flags, watch_status
 from shardflow.errors import ShardflowError
 from shardflow.storage import options as so
+from shardflow.text import safe
 
 
 def register(group: click.Group) -> None:
@@ -95,10 +96,14 @@ def _backend_names() -> list[str]:
 @click.option("--force", is_flag=True, help="discard the run directory's progress if it holds a different plan")
 @click.option("--progress/--no-progress", default=None, help="progress bar on stderr (default: when a terminal)")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON instead of text")
+@click.option("--steal", is_flag=True, help="take over the run directory's lease when its driver's has expired")
+@click.option("--wait-workers", type=click.FloatRange(min=0), metavar="SECONDS",
+              help="with --address: give up when no Dask worker has joined after SECONDS (default: wait)")
 @run_flags
 def run_command(jobfile: str, inputs: str | None, outputs: str | None, settings: tuple[str, ...],
                 run_dir: str | None, storage_option: tuple[str, ...], backend: str, workers: int | None,
-                address: str | None, force: bool, progress: bool | None, as_json: bool, **flags: Any) -> None:
+                address: str | None, force: bool, progress: bool | None, as_json: bool, steal: bool,
+                wait_workers: float | None, **flags: Any) -> None:
     """Run a job file over input shards into output shards, resuming where an earlier run stopped.
 
     JOBFILE is a job file (jobs/augment.py) or the name of a built-in job (augment, resize, filter,
@@ -122,6 +127,12 @@ def run_command(jobfile: str, inputs: str | None, outputs: str | None, settings:
         backend_options["workers"] = workers
     if address is not None:
         backend_options["address"] = address
+    if wait_workers is not None and backend != "dask":
+        raise click.BadParameter("--wait-workers is for --backend dask", param_hint="--wait-workers")
+    if steal:
+        backend_options["steal"] = True
+    if wait_workers is not None:
+        backend_options["wait_workers"] = wait_workers
     previous = _sigterm_as_interrupt()
     try:
         with _errors(options):
@@ -137,7 +148,7 @@ def run_command(jobfile: str, inputs: str | None, outputs: str | None, settings:
         click.echo(f"shardflow: a trial on {run_options['limit']} samples per task; its outputs and run directory "
                    f"are in {report.run_dir.rpartition('/')[0]}, not in the real run", err=True)
     if as_json:
-        click.echo(json.dumps(report.to_json(), indent=1, sort_keys=True))
+        click.echo(json.dumps(so.redact_urls_deep(report.to_json()), indent=1, sort_keys=True))
     else:
         click.echo(so.scrub(str(report), options))
     if report.interrupted:
@@ -209,7 +220,7 @@ def plan_command(jobfile: str, inputs: str | None, outputs: str | None, settings
     if as_json:
         click.echo(json.dumps({
             "job": job.describe(), "job_file": str(loaded.path), "params": loaded.params, "run_dir": job.run_dir,
-            "run_dir_state": state, "done": sorted(done), "tasks": task_json,
+            "run_dir_state": state, "done": sorted(done), "tasks": so.redact_urls_deep(task_json),
         }, indent=1, sort_keys=True, default=repr))
         return
     click.echo(f"job {job.name} ({loaded.path}){': ' + loaded.summary() if loaded.summary() else ''}")
@@ -231,7 +242,7 @@ def plan_command(jobfile: str, inputs: str | None, outputs: str | None, settings
     for task in shown:
         mark = " [done]" if task.id in done else ""
         inputs_text = task.inputs[0] if len(task.inputs) == 1 else f"{task.inputs[0]} ... ({len(task.inputs)} shards)"
-        click.echo(f"  task {task.id:>6}: {inputs_text} -> {task.output}{mark}")
+        click.echo(safe(so.redact_urls(f"  task {task.id:>6}: {inputs_text} -> {task.output}{mark}"), None))
     if len(shown) < len(tasks):
         click.echo(f"  ... {len(tasks) - len(shown)} more (--limit 0 lists all)")
     if tasks:

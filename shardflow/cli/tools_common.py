@@ -23,19 +23,16 @@ from shardflow.cli.common import (
 )
 from shardflow.storage import options as so
 from shardflow.storage.specs import expand
+from shardflow.text import escape
 
 _CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)} | {ord("\\"): "\\\\"}
 _CONTROL.update({ord("\t"): "\\t", ord("\n"): "\\n", ord("\r"): "\\r"})
 
 
 def printable(text: Any) -> str:
-    """`text` safe to print on a terminal: control characters (ESC, newlines, C1) and lone surrogates
-    (non-UTF-8 names) escaped, so data can never move the cursor, retitle the window or fake lines."""
-    out = str(text).translate(_CONTROL)
-    if any(0x80 <= ord(c) < 0xA0 or 0xD800 <= ord(c) < 0xE000 for c in out):
-        out = "".join(f"\\x{ord(c):02x}" if 0x80 <= ord(c) < 0xA0 else
-                      (f"\\udc{ord(c) & 0xFF:02x}" if 0xD800 <= ord(c) < 0xE000 else c) for c in out)
-    return out
+    """`text` safe to print on a terminal (shardflow.text.escape: controls, newlines, C1, lone surrogates of
+    non-UTF-8 names escaped), so data can never move the cursor, retitle the window or fake lines."""
+    return escape(str(text))
 
 
 def storage_option(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -8,7 +8,7 @@ Keys starting with ``__`` are metadata and pass through.
 Rules worth knowing:
 
 - Unknown extensions stay ``bytes``; values that are not ``bytes`` (already decoded) pass through.
-- Pickle (``pyd``/``pickle``, object arrays in ``npy``/``npz``, full ``torch.load`` for ``pth``) is
+- Pickle (``pyd``/``pickle``/``pkl``, object arrays in ``npy``/``npz``, full ``torch.load`` for ``pth``) is
   refused unless ``allow_pickle=True``: unpickling untrusted shards runs arbitrary code.
 - Encoding: ``bytes`` pass through unchanged (even for ``.gz`` keys: they are taken as final), ``str``
   becomes UTF-8 for any extension, everything else goes through the extension's encoder. The output is

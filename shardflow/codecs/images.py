@@ -138,8 +138,25 @@ class ImageOptions:
                 raise ValueError(f"{name} must be an int in {lo}..{hi}, got {v!r}")
 
 
+# Float pixels are [0, 1]; values within half a grey level outside it are rounding, not a mistake.
+FLOAT_TOLERANCE = 0.5 / 255
+
+
+def _check_float_range(arr: np.ndarray) -> None:
+    """Refuse float pixels outside [0, 1]: clipping a 0..255 image (no /255) or a [-1, 1] tensor would
+    silently write a white or half-black picture (webdataset raises too). NaN is left to the caller."""
+    lo, hi = float(np.nanmin(arr, initial=0.5)), float(np.nanmax(arr, initial=0.5))  # initial: empty, all-NaN
+    if lo >= -FLOAT_TOLERANCE and hi <= 1 + FLOAT_TOLERANCE:
+        return
+    finite = arr[~np.isnan(arr)]
+    lo, hi = float(finite.min()), float(finite.max())
+    hint = " (scale 0..255 images by 1/255)" if hi > 1 + FLOAT_TOLERANCE else " (map [-1, 1] by (x + 1) / 2)"
+    raise ValueError(f"float pixels must be in [0, 1], got values in [{lo:g}, {hi:g}]{hint}")
+
+
 def _float_to_uint8(arr: np.ndarray) -> np.ndarray:
-    """[0, 1] floats -> uint8 by rounding; out of range clipped, NaN -> 0."""
+    """[0, 1] floats -> uint8 by rounding (out of range: ValueError, see _check_float_range), NaN -> 0."""
+    _check_float_range(arr)
     work = arr.astype(np.float32) if arr.dtype.itemsize < 4 else arr
     work = np.fmin(np.fmax(work, 0.0), 1.0)  # fmax/fmin map NaN to the bound, without warnings
     work *= 255.0

@@ -1,6 +1,6 @@
 """Non-image entries: numbers, text, JSON, msgpack, CBOR, numpy, torch and pickle.
 
-Pickle (``pyd``/``pickle``, object arrays in ``npy``/``npz``, full ``torch.load`` for ``pth``) is
+Pickle (``pyd``/``pickle``/``pkl``, object arrays in ``npy``/``npz``, full ``torch.load`` for ``pth``) is
 refused unless ``allow_pickle=True``: unpickling untrusted shards runs arbitrary code, so those
 decoders take the flag and the others cannot even see it. Every encoder is a pure function of the
 value (fixed zip dates, no timestamps), so reruns are byte-identical.
@@ -22,7 +22,7 @@ from shardflow.codecs.tensors import as_array, import_torch, is_tensor
 
 _INT_EXTS = frozenset({"cls", "cls2", "index", "id", "inx"})
 _TEXT_EXTS = frozenset({"txt", "text", "transcript"})
-_PICKLE_EXTS = frozenset({"pyd", "pickle"})
+_PICKLE_EXTS = frozenset({"pyd", "pickle", "pkl"})  # webdataset decodes all three
 
 
 # ----------------------------------------------------------------------------------------- decoding

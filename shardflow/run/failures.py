@@ -20,6 +20,7 @@ from shardflow.errors import RAISE, WARN, FailureKind, ShardflowError
 from shardflow.run.stats import Stats
 from shardflow.run.tracebacks import TRACES_PER_DIGEST, format_trace
 from shardflow.storage.paths import is_local, local_path
+from shardflow.text import redact_userinfo, safe, safe_repr, truncate
 
 
 class TaskFailed(Exception):
@@ -55,10 +56,12 @@ class SampleFailures:
         if self.on_error == RAISE:
             kind = FailureKind.INPUT if isinstance(error, ShardflowError) else FailureKind.USER
             reason = self.errors[-1]["reason"]
-            raise TaskFailed(f"shard {url}, key {key!r}, {where}: {reason}", kind) from error
+            raise TaskFailed(f"shard {safe(redact_userinfo(url))}, key {safe_repr(key)}, {where}: {safe(reason, 2000)}",
+                             kind) from error
         if self.on_error == WARN:
             reason = self.errors[-1]["reason"]
-            print(f"shardflow: skipped shard {url}, key {key!r} ({where}): {reason}", file=sys.stderr)
+            print(f"shardflow: skipped shard {safe(redact_userinfo(url))}, key {safe_repr(key)} ({where}): "
+                  f"{safe(reason, 2000)}", file=sys.stderr)
         self.check_rate()
 
     def note(self, error: BaseException, url: str, key: str | None, where: str) -> None:
@@ -66,11 +69,13 @@ class SampleFailures:
         reason = error.reason if isinstance(error, ShardflowError) else f"{type(error).__name__}: {error}"
         frames = traceback.extract_tb(error.__traceback__)
         digest = hashlib.sha1("|".join(f"{f.filename}:{f.lineno}:{f.name}" for f in frames).encode()).hexdigest()[:12]
-        record = {"task": self.task_id, "shard": url, "key": key, "stage": where, "type": type(error).__name__,
-                  "reason": reason, "traceback": digest}
+        # the key and reason may hold a 5 MB name: cut (text.truncate); JSON escapes the rest
+        record = {"task": self.task_id, "shard": redact_userinfo(url), "key": None if key is None else truncate(key),
+                  "stage": where, "type": type(error).__name__, "reason": truncate(redact_userinfo(reason), 2000),
+                  "traceback": digest}
         if self.traces[digest] < TRACES_PER_DIGEST:  # the full text of the first few of each distinct error
             self.traces[digest] += 1
-            record["trace"] = format_trace(error)
+            record["trace"] = redact_userinfo(format_trace(error))
         self.errors.append(record)
 
     def check_rate(self, final: bool = False) -> None:
@@ -97,7 +102,8 @@ class SampleFailures:
             return "no sample errors recorded"
         (stage, kind), errors = max(counts.items(), key=lambda item: len(item[1]))
         first = errors[0]
-        return f"most often at {stage}: {kind} ({len(errors)}x), e.g. key {first['key']!r}: {first['reason']}"
+        return (f"most often at {stage}: {kind} ({len(errors)}x), e.g. key {safe_repr(first['key'])}: "
+                f"{safe(first['reason'], 2000)}")
 
 
 def missing_input(url: str, error: BaseException) -> TaskFailed:
@@ -107,9 +113,9 @@ def missing_input(url: str, error: BaseException) -> TaskFailed:
     if is_local(url):
         folder = os.path.dirname(local_path(url)) or "."
         if not os.path.isdir(folder):
-            return TaskFailed(f"input shard {_printable(url)} not visible on this machine ({socket.gethostname()}): "
-                              f"no folder {_printable(folder)} here; is the filesystem mounted on every worker? "
-                              f"({_printable(error)})", FailureKind.IO)
+            return TaskFailed(f"input shard {safe(url)} not visible on this machine ({socket.gethostname()}): "
+                              f"no folder {safe(folder)} here; is the filesystem mounted on every worker? "
+                              f"({safe(error)})", FailureKind.IO)
     return TaskFailed(f"input shard missing: {error} (it was planned; restore it, or plan again without it using "
                       "--force)", FailureKind.INPUT)
 
@@ -124,8 +130,8 @@ def user_bug(errors: list[dict[str, Any]], stats: Stats, last: BaseException | N
     first = errors[0]
     where = _user_frame(last)
     return (f"process() raised the same {first['type']} on every sample ({stats.failed} of {stats.samples_in})"
-            f"{f' at {where}' if where else ''}, e.g. shard {_printable(first['shard'])}, key {first['key']!r}: "
-            f"{_printable(first['reason'])}; "
+            f"{f' at {where}' if where else ''}, e.g. shard {safe(first['shard'])}, key {first['key']!r}: "
+            f"{safe(first['reason'])}; "
             "a bug in the job, not bad input: the run stops (fix it and rerun; every sample is in errors/)")
 
 
@@ -140,9 +146,3 @@ def _user_frame(error: BaseException | None) -> str | None:
     frame = (mine or frames)[-1] if frames else None
     return None if frame is None else f"{frame.filename}, line {frame.lineno}, in {frame.name}"
 
-
-def _printable(text: Any) -> str:
-    """`text` with control characters escaped (\\x1b...), so data (URLs, messages) cannot drive the terminal.
-    (Local until a shared helper exists in errors/storage.)"""
-    return "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii")
-                   for c in str(text))

@@ -11,6 +11,7 @@ from shardflow.run.rundir import RunDir, task_name
 from shardflow.run.stats import Stats
 from shardflow.run.task import TaskResult
 from shardflow.run.tracebacks import TraceCollector, describe_traces, printable
+from shardflow.text import safe
 
 _TRACE_LOGS_READ = 20  # error logs read for the report's tracebacks (status reads them all)
 
@@ -60,7 +61,7 @@ class RunReport:
             lines.append("sample failures: " + ", ".join(f"{k} ({v})" for k, v in s.fail_reasons.most_common(5))
                          + f"; see {self.run_dir}/errors/")
         for task_id, failure in sorted(self.failed.items())[:10]:
-            lines.append(f"FAILED task {task_id} [{failure.get('kind')}]: {failure.get('error')}")
+            lines.append(f"FAILED task {task_id} [{failure.get('kind')}]: {safe(failure.get('error'), 2000)}")
         if len(self.failed) > 10:
             lines.append(f"... and {len(self.failed) - 10} more failed tasks (shardflow status {self.run_dir})")
         lines.extend(describe_traces(self.tracebacks))

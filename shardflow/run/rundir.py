@@ -24,12 +24,13 @@ from typing import Any, Iterable
 
 import cloudpickle
 
-from shardflow.errors import JobError
+from shardflow.errors import JobError, ShardIOError
 from shardflow.run.jobrecord import RECORD, job_record
 from shardflow.run.task import Task, TaskResult
 from shardflow.storage.atomic import is_temp_name, write_local_atomic
-from shardflow.storage.options import redact, strip_redacted
+from shardflow.storage.options import redact, redact_urls_deep, strip_redacted
 from shardflow.storage.paths import filesystem, is_local
+from shardflow.storage.retrying_fs import RetryingFileSystem
 
 PLAN_VERSION = 1
 
@@ -42,6 +43,7 @@ def plan_fingerprint(tasks: list[dict[str, Any]], settings: dict[str, Any] | Non
     """Stable digest of the task list (and of the job settings that shape the outputs, when given):
     a rerun into the same run dir must plan the same tasks with the same settings."""
     obj: Any = tasks if settings is None else {"tasks": tasks, "settings": settings}
+    obj = redact_urls_deep(obj)  # as written down: no URL password, not even hashed
     text = json.dumps(obj, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -75,6 +77,8 @@ class RunDir:
         self.storage_options = storage_options
         self.fs, self.path = filesystem(self.url, storage_options)
         self._local = is_local(self.url)
+        if not self._local:  # the same retry policy as shard I/O; "lost the store, rerun" past it
+            self.fs = RetryingFileSystem(self.fs, self.url)
 
     def _path(self, name: str) -> str:
         return f"{self.path}/{name}"
@@ -92,7 +96,7 @@ class RunDir:
         return self.fs.cat_file(self._path(name))
 
     def write_json(self, name: str, obj: Any) -> None:
-        self.write_bytes(name, json.dumps(obj, indent=1, sort_keys=True).encode())
+        self.write_bytes(name, json.dumps(redact_urls_deep(obj), indent=1, sort_keys=True).encode())
 
     def read_json(self, name: str) -> Any:
         return json.loads(self.read_bytes(name))
@@ -169,6 +173,7 @@ class RunDir:
         """
         stored = copy.copy(job)
         stored.storage_options = strip_redacted(redact(job.storage_options))
+        stored.inputs, stored.outputs = redact(job.inputs), redact(job.outputs)  # URL passwords: memory only
         self.write_bytes("job.pkl", cloudpickle.dumps(stored))
         self.write_json(RECORD, job_record(stored))  # versions (checked before unpickling), job-file source
 
@@ -194,11 +199,15 @@ class RunDir:
 
     def record_failure(self, task: Task, error: str, kind: str, *, attempts: int = 1) -> TaskResult:
         """Write why `task` failed (failed/NNNNNN.json) and return the failed TaskResult."""
-        self.mark_failed(task.id, {"task": task.id, "error": error, "kind": str(kind), "inputs": list(task.inputs)})
+        try:
+            self.mark_failed(task.id, {"task": task.id, "error": error, "kind": str(kind), "inputs": list(task.inputs)})
+        except OSError as exc:  # a full disk beside the outputs: say which task, why, and which file
+            raise ShardIOError(f"task {task.id} failed ({error}) and its failure record could not be written "
+                               f"either: {type(exc).__name__}: {exc}") from exc
         return TaskResult.failed(task.id, error, kind, attempts)
 
     def write_errors(self, task_id: int, records: Iterable[dict[str, Any]]) -> None:
-        lines = "".join(json.dumps(r, sort_keys=True) + "\n" for r in records)
+        lines = "".join(json.dumps(redact_urls_deep(r), sort_keys=True) + "\n" for r in records)
         name = f"errors/{task_name(task_id)}.jsonl"
         if lines:
             self.write_bytes(name, lines.encode())

@@ -14,6 +14,7 @@ from typing import Any
 from shardflow.run.rundir import RunDir, task_name
 from shardflow.run.stats import Stats
 from shardflow.run.tracebacks import TraceCollector, describe_traces, printable
+from shardflow.text import safe, safe_repr
 
 
 @dataclass
@@ -67,13 +68,13 @@ class RunStatus:
             kinds = ", ".join(f"{k} ({v})" for k, v in self.error_kinds[:5])
             lines.append(f"sample errors: {self.error_count} logged in {self.run_dir}/errors/: {kinds}")
             for e in self.error_examples:
-                reason = str(e.get("reason"))
+                reason = safe(e.get("reason"), 1000)  # names, keys and URLs in it are data
                 if not reason.startswith(f"{e.get('type')}:"):
                     reason = f"{e.get('type')}: {reason}"
-                lines.append(f"  task {e.get('task')} shard {e.get('shard')} key {e.get('key')!r} "
+                lines.append(f"  task {e.get('task')} shard {safe(e.get('shard'))} key {safe_repr(e.get('key'))} "
                              f"[{e.get('stage')}] {reason}")
         for task_id, record in list(sorted(self.failed.items()))[-max(len(self.error_examples), 5):]:
-            lines.append(f"FAILED task {task_id} [{record.get('kind')}]: {record.get('error')}")
+            lines.append(f"FAILED task {task_id} [{record.get('kind')}]: {safe(record.get('error'), 2000)}")
         if pending and pending <= 20:
             lines.append("pending tasks: " + ", ".join(map(str, self.pending)))
         if self.last_run is not None:

@@ -8,25 +8,23 @@ and line where the user's code failed without keeping 100,000 copies of the same
 
 from __future__ import annotations
 
-import re
 import traceback
 from collections import Counter
 from typing import Any, Iterable
+
+from shardflow.text import escape
 
 TRACES_PER_DIGEST = 3  # per task and distinct error
 MAX_TRACE_CHARS = 6000  # the end of a longer traceback is kept: the failing line is last
 SHOWN_TRACES = 3  # distinct tracebacks printed by `status` and the report
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
 def printable(text: str) -> str:
-    """`text` safe to print on a terminal: control characters (ESC, CR, ...) as \\xNN escapes.
+    """`text` safe to print on a terminal, line by line (text.escape: ESC, CR, surrogates as escapes).
 
     Tracebacks carry data (keys, URLs, the user's exception message); a key holding an escape
-    sequence must not drive the terminal. Newlines and tabs stay.
+    sequence must not drive the terminal. The traceback's own newlines stay.
     """
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    return "\n".join(escape(line) for line in text.split("\n"))
 
 
 def format_trace(error: BaseException) -> str:

@@ -18,6 +18,7 @@ from fsspec.spec import AbstractBufferedFile
 
 from shardflow.errors import ShardIOError
 from shardflow.storage.atomic import fsync_dir, temp_name
+from shardflow.storage.local_files import named_os_error, open_write_named
 from shardflow.storage.paths import filesystem, local_path, protocol
 from shardflow.storage.retry import describe
 from shardflow.storage.upload import abort_upload, in_event_loop, open_upload, upload_block_size
@@ -111,7 +112,7 @@ class LocalReplace(AtomicOutput):
         self._final = local_path(url)
         self._temp = temp_name(self._final, tag)
         os.makedirs(os.path.dirname(os.path.abspath(self._temp)), exist_ok=True)
-        self._file = open(self._temp, "wb", buffering=1 << 20)
+        self._file = open_write_named(self._temp, self._final)  # a full disk names the shard
         self._fd = self._file.fileno()
 
     def write_parts(self, parts: list[bytes]) -> None:
@@ -121,8 +122,11 @@ class LocalReplace(AtomicOutput):
         copy each piece into Python's buffer and issue a system call per piece or per buffer.
         """
         self._file.flush()  # keep write() and write_parts() in order if both are used
-        for start in range(0, len(parts), _IOV_MAX):
-            _writev_all(self._fd, parts[start : start + _IOV_MAX])
+        try:
+            for start in range(0, len(parts), _IOV_MAX):
+                _writev_all(self._fd, parts[start : start + _IOV_MAX])
+        except OSError as exc:
+            raise named_os_error(exc, self._final) from exc
 
     def _publish(self) -> None:
         self._file.flush()

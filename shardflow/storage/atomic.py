@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import uuid
 
+from shardflow.storage.local_files import open_write_named
+
 TEMP_MARK = ".tmp-"
 
 
@@ -57,7 +59,7 @@ def write_local_atomic(path: str, data: bytes, *, fsync: bool = True) -> None:
     os.makedirs(folder, exist_ok=True)
     temp = temp_name(path)
     try:
-        with open(temp, "wb") as f:
+        with open_write_named(temp, path) as f:  # a full disk names `path`
             f.write(data)
             if fsync:
                 f.flush()

@@ -13,6 +13,7 @@ import os
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable
 
 from shardflow.errors import ShardIOError
+from shardflow.storage.local_files import open_read_pinned, open_write_named
 from shardflow.storage.options import options_for
 from shardflow.storage.paths import local_path
 from shardflow.storage.remote_read import DEFAULT_BLOCK_SIZE, DEFAULT_READAHEAD, RemoteReader, UnsizedObjectError
@@ -70,7 +71,7 @@ def _url_to_fs(url: str, options: dict[str, Any]) -> tuple[Any, str]:
 @reading
 def read_local(request: OpenRequest, options: dict[str, Any]) -> Any:
     """A local file, through the operating system (no fsspec layer in the way)."""
-    return open(local_path(request.url), "rb", buffering=_BUFFER)
+    return open_read_pinned(local_path(request.url), request.url, _BUFFER)  # fails if it changes meanwhile
 
 
 @writing
@@ -78,7 +79,7 @@ def write_local(request: OpenRequest, options: dict[str, Any]) -> Any:
     """A local file, its folder created when missing (no atomicity here: see atomic.py)."""
     path = local_path(request.url)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    return open(path, "wb", buffering=_BUFFER)
+    return open_write_named(path, path, _BUFFER)  # a full disk names the file
 
 
 @reading

@@ -286,6 +286,22 @@ def redact_urls(text: str) -> str:
     return _URL_IN_TEXT.sub(lambda m: _redact_url(m.group(0)), text)
 
 
+def redact_urls_deep(obj: Any) -> Any:
+    """A copy of `obj` (JSON-like: dicts, lists, str) with `redact_urls` applied to every string in it.
+
+    Unlike `redact()` it blanks no value by its name (a sample's "key" is not a secret): it is what the
+    run directory applies to every record it writes (plan, markers, failures, errors, summary), so
+    `http://user:password@host/...` inputs are written down as `http://***@host/...`.
+    """
+    if isinstance(obj, str):
+        return redact_urls(obj)
+    if isinstance(obj, Mapping):
+        return {k: redact_urls_deep(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [redact_urls_deep(v) for v in obj]
+    return obj
+
+
 def secret_values(storage_options: Any) -> list[str]:
     """Every secret string inside `storage_options` (resolved `${NAME}` references included).
 

@@ -130,6 +130,7 @@ class RemoteReader(io.RawIOBase):
                 self._pool.shutdown(wait=False, cancel_futures=True)
                 self._pool = None
             self._buf = b""
+            self._source.close()  # e.g. an HTTP body still being streamed
         super().close()
 
     # -- blocks ---------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Literal
 
+from shardflow.errors import ShardIOError
 from shardflow.storage.locate import Locator, resolve
 from shardflow.storage.paths import Options, protocol
 
@@ -103,6 +104,11 @@ def _load(target: str) -> Any:
 
 def opener(url: str, mode: Literal["read", "write"]) -> Opener:
     """The opener SCHEMES names for `url` and `mode`."""
+    if "://***@" in url or ":***@" in url:
+        raise ShardIOError(
+            "the password of this URL was left out when the run directory was written (it is never written "
+            "down): give the credential through storage options (e.g. headers with a ${VAR} reference) or "
+            "run from the process that planned the job", url=url)
     scheme = SCHEMES.get(scheme_of(url), DEFAULT)
     return _load(getattr(scheme, mode))
 

@@ -15,15 +15,11 @@ from __future__ import annotations
 import errno
 from typing import Any, Callable
 
-from shardflow.errors import ShardIOError
+from shardflow.storage.local_files import ObjectChangedError
 from shardflow.storage.paths import fs_protocols
 
 _IDENTITY_KEYS = ("size", "ETag", "etag", "generation", "VersionId", "version_id", "md5Hash", "crc32c",
                   "LastModified", "mtime", "updated", "checksum")
-
-
-class ObjectChangedError(ShardIOError):
-    """The object was replaced, deleted or truncated while it was being read."""
 
 
 def _deleted(url: str) -> ObjectChangedError:
@@ -66,6 +62,9 @@ class ObjectSource:
 
     def fetch(self, start: int, end: int) -> bytes:
         return self.fs.cat_file(self.path, start=start, end=end)
+
+    def close(self) -> None:
+        """Let go of what the source holds open (nothing, for most stores)."""
 
     def check_unchanged(self) -> None:
         """Raise ObjectChangedError when the object is no longer the one opened."""
@@ -168,9 +167,74 @@ class GCSSource(ObjectSource):
         return data
 
 
+class HTTPSource(ObjectSource):
+    """Plain HTTP(S) servers. Many (`python -m http.server`) ignore Range and answer 200 with the whole
+    body: then the blocks are read, in order, from that one streamed body instead of asking again for
+    each block (which would download the object once per block). A retry after a fault, or a seek
+    backwards, starts a new GET and skips to the offset: slower, but still exact and bounded."""
+
+    def __init__(self, fs: Any, path: str, url: str) -> None:
+        super().__init__(fs, path, url)
+        self._body: Any = None  # an aiohttp response the server sends whole, read block by block
+        self._body_pos = 0
+        self.ranges_ignored = False
+
+    def fetch(self, start: int, end: int) -> bytes:
+        return _sync(self.fs, self._fetch, start, end)
+
+    def close(self) -> None:
+        if self._body is not None:
+            _sync(self.fs, self._drop_body)
+
+    async def _drop_body(self) -> None:
+        body, self._body = self._body, None
+        if body is not None:
+            body.close()
+
+    async def _fetch(self, start: int, end: int) -> bytes:
+        if self._body is None or self._body_pos != start:
+            await self._drop_body()
+            kw = dict(self.fs.kwargs)
+            headers = {**(kw.pop("headers", None) or {}), "Range": f"bytes={start}-{end - 1}"}
+            session = await self.fs.set_session()
+            resp = await session.get(self.fs.encode_url(self.path), headers=headers, **kw)
+            if resp.status != 200:
+                try:
+                    self.fs._raise_not_found_for_status(resp, self.path)  # 404 -> FileNotFoundError, 5xx...
+                    return await resp.read()  # 206: the range asked for
+                finally:
+                    resp.release()
+            self.ranges_ignored = True  # 200: the whole body comes; read on from it
+            self._body, self._body_pos = resp, 0
+        try:
+            await self._read_body(start - self._body_pos, keep=False)
+            return await self._read_body(end - start, keep=True)
+        except BaseException:
+            await self._drop_body()
+            raise
+
+    async def _read_body(self, n: int, *, keep: bool) -> bytes:
+        """The next `n` bytes of the streamed body (fewer at its end); discarded unless `keep`."""
+        out = bytearray()
+        left = n
+        while left > 0:
+            chunk = await self._body.content.read(min(left, 1 << 20))
+            if not chunk:
+                break
+            left -= len(chunk)
+            self._body_pos += len(chunk)
+            if keep:
+                out += chunk
+        if left > 0:
+            await self._drop_body()  # ended early: RemoteReader reports the short read
+        return bytes(out)
+
+
 # protocol -> (source class, the filesystem method it relies on: absent means another library owns
 # the protocol name, and the generic source is used instead)
 SOURCES: dict[str, tuple[type[ObjectSource], str]] = {
+    "http": (HTTPSource, "encode_url"),
+    "https": (HTTPSource, "encode_url"),
     "gcs": (GCSSource, "call"),
     "gs": (GCSSource, "call"),
     "s3": (S3Source, "_call_s3"),

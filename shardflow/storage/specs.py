@@ -110,16 +110,32 @@ def _glob(pattern: str, storage_options: Options) -> list[str]:
         matches = sorted(_list_matches(fs, path))
     except FileNotFoundError:
         matches = []
+    except PermissionError as exc:  # wrong or missing credentials: say so, not "matched no shards"
+        raise ShardIOError(f"access denied listing the glob (check the credentials: --storage-option, AWS_* / "
+                           f"GOOGLE_* environment): {describe(exc, options)}", url=pattern) from exc
     except (OSError, ValueError) as exc:
         raise ShardIOError(f"cannot list: {describe(exc, options)}", url=pattern) from exc
     if not _basename(pattern).startswith("."):
         # like a shell: `*` does not match hidden names (writer temps `.x.tar.tmp-...`, markers)
         matches = [m for m in matches if not _basename(m).startswith(".")]
     if not matches:
-        raise ShardIOError(f"glob {pattern!r} matched no shards")
+        raise ShardIOError(f"glob {pattern!r} matched no shards{_access_hint(fs, path)}")
     if "://" not in pattern:
         return matches
     return [fs.unstrip_protocol(m) for m in matches]
+
+
+def _access_hint(fs: Any, path: str) -> str:
+    """Why a listing may have come back empty: some stores answer a denied listing with nothing, so
+    ask for the folder itself; '' when access looks fine (or the store cannot say)."""
+    folder = path[: min(path.index(c) for c in GLOB_CHARS if c in path)].rpartition("/")[0]
+    try:
+        fs.info(folder)
+    except PermissionError as exc:
+        return f" because access was denied (check the credentials): {type(exc).__name__}: {exc}"
+    except Exception:  # noqa: BLE001 - missing folder, or a store without folders: nothing to add
+        return ""
+    return ""
 
 
 def _invalidate(fs: Any, *path: str) -> None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from shardflow.backends.dask.on_worker import run_on_worker, worker_check
 from shardflow.backends.dask.paths import absolute, absolute_task, input_probes
+from shardflow.backends.dask.waiting import wait_for_workers
 from shardflow.backends.dask.wire import dumps_job, missing_module_message
 from shardflow.errors import FailureKind, JobError
 from shardflow.run.progress import Progress
@@ -151,7 +152,7 @@ def _record(job: "ShardJob", task: Task, result: TaskResult) -> TaskResult:
 def execute_dask(job: "ShardJob", tasks: list[Task], progress: Progress, *, address: str | None = None,
                  client: Any = None, workers: int | None = None, threads_per_worker: int = 1,
                  max_in_flight: int | None = None, dashboard_address: str | None = ":8787",
-                 connect_timeout: float = 30.0) -> Iterator[TaskResult]:
+                 connect_timeout: float = 30.0, wait_workers: float | None = None) -> Iterator[TaskResult]:
     """Run tasks on a Dask cluster and yield their results as they finish.
 
     address:            scheduler address (`tcp://host:8786`) of a running cluster.
@@ -161,6 +162,7 @@ def execute_dask(job: "ShardJob", tasks: list[Task], progress: Progress, *, addr
     max_in_flight:      tasks submitted at once (default 3 x the cluster's threads, at least 4).
     dashboard_address:  where a LocalCluster serves its dashboard.
     connect_timeout:    seconds to wait for the scheduler at `address`.
+    wait_workers:       seconds to wait for a first worker (default: for ever, saying so on stderr).
     """
     if not tasks:
         return  # nothing pending: no cluster to start
@@ -175,6 +177,7 @@ def execute_dask(job: "ShardJob", tasks: list[Task], progress: Progress, *, addr
     run = _DaskRun(job, tasks, progress, client, scheduler, max_in_flight)
     try:
         _print_dashboard(client)
+        wait_for_workers(client, scheduler, wait_workers)
         _preflight(client, job, tasks)
         run.publish_job()
         yield from run.results()

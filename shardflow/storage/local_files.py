@@ -1,0 +1,93 @@
+"""Local files whose failures say which file, and local inputs pinned to the version opened.
+
+- `open_write_named(path, label)`: a full disk (ENOSPC), a quota or an I/O error while writing raises
+  an OSError naming `label` (the final name of what was being written), not a bare
+  `[Errno 28] No space left on device` that leaves the user guessing which of a thousand files.
+- `open_read_pinned(path, url)`: a local input is pinned by (size, mtime_ns, inode, device) when it is
+  opened, like S3 reads are pinned by ETag; a file overwritten in place while it is read fails the
+  read with ObjectChangedError instead of yielding a shard that mixes old and new samples. A file
+  renamed over (how shardflow and most tools publish) is read to its end in the version opened.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from typing import Any
+
+from shardflow.errors import ShardIOError
+
+_BUFFER = 1 << 20
+
+
+class ObjectChangedError(ShardIOError):
+    """The object was replaced, deleted or truncated while it was being read."""
+
+
+def named_os_error(exc: OSError, label: str) -> OSError:
+    """`exc` again, naming `label` when it named no file (same errno, so the same OSError subclass)."""
+    if exc.filename is not None or exc.errno is None:
+        return exc
+    return OSError(exc.errno, exc.strerror or os.strerror(exc.errno), label)
+
+
+class _NamedWriteFile(io.FileIO):
+    """A raw local file for writing whose write errors name the file they were writing."""
+
+    def __init__(self, path: str, label: str) -> None:
+        super().__init__(path, "wb")
+        self.label = label
+
+    def write(self, data: Any) -> int | None:  # type: ignore[override]
+        try:
+            return super().write(data)
+        except OSError as exc:
+            raise named_os_error(exc, self.label) from exc
+
+
+def open_write_named(path: str, label: str | None = None, buffering: int = _BUFFER) -> io.BufferedWriter:
+    """`open(path, "wb")` whose write errors (also those of flush and close) name `label` (default: path)."""
+    return io.BufferedWriter(_NamedWriteFile(path, label or path), buffer_size=buffering)
+
+
+def _pin(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+
+
+class _PinnedReadFile(io.FileIO):
+    """A raw local file for reading that checks, after every read, that the file is still the one opened."""
+
+    def __init__(self, path: str, url: str) -> None:
+        super().__init__(path, "rb")
+        self.url = url
+        self.pin = _pin(os.fstat(self.fileno()))
+
+    def _check(self) -> None:
+        # fstat: the inode this file descriptor reads. A file renamed over or deleted meanwhile is
+        # still read whole in the version opened (consistent); one rewritten in place is not.
+        now = _pin(os.fstat(self.fileno()))
+        if now != self.pin:
+            size, mtime, _, _ = self.pin
+            raise ObjectChangedError(
+                f"local file overwritten while it was being read (size {size}, mtime_ns {mtime} at open; size "
+                f"{now[0]}, mtime_ns {now[1]} now): its samples would mix two versions", url=self.url)
+
+    def readinto(self, buffer: Any) -> int | None:  # type: ignore[override]
+        n = super().readinto(buffer)
+        self._check()
+        return n
+
+    def read(self, size: int = -1) -> bytes | None:  # type: ignore[override]
+        data = super().read(size)
+        self._check()
+        return data
+
+    def readall(self) -> bytes:
+        data = super().readall()
+        self._check()
+        return data
+
+
+def open_read_pinned(path: str, url: str, buffering: int = _BUFFER) -> io.BufferedReader:
+    """`open(path, "rb")` that raises ObjectChangedError when the file changes while it is read."""
+    return io.BufferedReader(_PinnedReadFile(path, url), buffer_size=buffering)
