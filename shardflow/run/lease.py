@@ -89,15 +89,19 @@ class RunLease:
             return {"expires": 0}
 
     def _create_local(self) -> bool:
-        """Create lease.json only if absent (atomic on local filesystems)."""
+        """Create lease.json only if absent, whole: written to a temp name, then hard-linked into place
+        (link fails when the name exists), so no reader ever sees a created but still empty lease."""
         path = self.run_dir._path(LEASE_NAME)
         os.makedirs(os.path.dirname(path), exist_ok=True)
+        temp = f"{path}.{self.token}.new"
+        with open(temp, "w") as f:
+            json.dump(self._record(), f)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            os.link(temp, path)
         except FileExistsError:
             return False
-        with os.fdopen(fd, "w") as f:
-            json.dump(self._record(), f)
+        finally:
+            os.unlink(temp)
         return True
 
     def _may_take(self, held: dict[str, Any]) -> bool:
