@@ -233,7 +233,8 @@ def test_command_job_file_runs_locally_and_as_kubernetes_and_argo(tmp_path):
     for kind in ("k8s", "argo"):
         out = tmp_path / kind
         result = CliRunner().invoke(main, [kind, str(jobfile), "--inputs", spec, "--outputs", f"{out}/{{name}}.tar",
-                                           "--image", "shardflow:test", "--tasks-per-pod", "2"])
+                                           "--image", "shardflow:test", "--tasks-per-pod", "2",
+                                           "--pvc", f"data:{tmp_path}"])
         assert result.exit_code == 0, result.output
         import yaml
 

@@ -120,19 +120,8 @@ def run_command(jobfile: str, inputs: str | None, outputs: str | None, settings:
     run_options = flag_values(flags)
     if run_options.get("debug"):
         backend, progress = "serial", False
-    if address is not None and backend != "dask":
-        raise click.BadParameter("--address is for --backend dask", param_hint="--address")
-    backend_options: dict[str, Any] = {}
-    if workers is not None:
-        backend_options["workers"] = workers
-    if address is not None:
-        backend_options["address"] = address
-    if wait_workers is not None and backend != "dask":
-        raise click.BadParameter("--wait-workers is for --backend dask", param_hint="--wait-workers")
-    if steal:
-        backend_options["steal"] = True
-    if wait_workers is not None:
-        backend_options["wait_workers"] = wait_workers
+    backend_options = _backend_options(backend, workers=workers, address=address, steal=steal,
+                                       wait_workers=wait_workers)
     previous = _sigterm_as_interrupt()
     try:
         with _errors(options):
@@ -164,6 +153,19 @@ def run_command(jobfile: str, inputs: str | None, outputs: str | None, settings:
     if not report.ok:
         click.echo(f"shardflow: only {report.done} of {report.tasks} tasks are done; run again to finish", err=True)
         raise SystemExit(EXIT_FAILED)
+
+
+def _backend_options(backend: str, *, workers: int | None, address: str | None, steal: bool,
+                     wait_workers: float | None) -> dict[str, Any]:
+    """The keywords of ShardJob.run that only some backends take, checked against the backend."""
+    for flag, value in (("--address", address), ("--wait-workers", wait_workers)):
+        if value is not None and backend != "dask":
+            raise click.BadParameter(f"{flag} is for --backend dask", param_hint=flag)
+    options: dict[str, Any] = {"workers": workers, "address": address, "wait_workers": wait_workers}
+    options = {k: v for k, v in options.items() if v is not None}
+    if steal:
+        options["steal"] = True
+    return options
 
 
 def _sigterm_as_interrupt() -> Any:
