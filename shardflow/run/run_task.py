@@ -13,7 +13,17 @@ import time
 import traceback
 from typing import Any, Callable
 
-from shardflow.errors import RAISE, SKIP, FailureKind, FormatError, SampleError, ShardflowError, ShardIOError
+from shardflow.errors import (
+    RAISE,
+    SKIP,
+    FailureKind,
+    FormatError,
+    JobError,
+    SampleError,
+    ShardflowError,
+    ShardIOError,
+)
+from shardflow.run.batch import BatchProcessor, make_processor
 from shardflow.run.context import TaskContext
 from shardflow.run.failures import SampleFailures, TaskFailed
 from shardflow.run.process import SampleProcessor
@@ -69,7 +79,7 @@ def _attempt(task: Task, context: TaskContext, progress: Progress | None) -> Tas
     stats = Stats()
     failures = SampleFailures(task.id, stats, context.on_error, context.max_failure_rate)
     try:
-        infos = _stream_task(task, context, SampleProcessor(context, stats, failures), progress)
+        infos = _stream_task(task, context, _processor(context, stats, failures), progress)
     except TaskFailed:
         context.run_dir.write_errors(task.id, failures.errors)
         raise
@@ -103,7 +113,15 @@ class _ProgressBatcher:
         self.pending = 0
 
 
-def _stream_task(task: Task, context: TaskContext, processor: SampleProcessor,
+def _processor(context: TaskContext, stats: Stats, failures: SampleFailures) -> SampleProcessor | BatchProcessor:
+    """The task's processor; a job whose setup or device fails on this worker fails the task once, clearly."""
+    try:
+        return make_processor(context, stats, failures)
+    except JobError as exc:  # SetupError, no CUDA: the same on every task of this worker, so stop the run
+        raise TaskFailed(str(exc), FailureKind.USER) from exc
+
+
+def _stream_task(task: Task, context: TaskContext, processor: SampleProcessor | BatchProcessor,
                  progress: Progress | None) -> list[ShardInfo]:
     """Stream every input of the task through the processor into the task's output shards."""
     tag = context.temp_tag(task)
@@ -121,7 +139,7 @@ def _stream_task(task: Task, context: TaskContext, processor: SampleProcessor,
     return infos
 
 
-def _stream_input(url: str, context: TaskContext, processor: SampleProcessor, writer: ShardWriter,
+def _stream_input(url: str, context: TaskContext, processor: SampleProcessor | BatchProcessor, writer: ShardWriter,
                   counter: _ProgressBatcher) -> None:
     """One input shard of a task: its samples processed and written, its bytes counted."""
     stats, failures = processor.stats, processor.failures
@@ -132,8 +150,12 @@ def _stream_input(url: str, context: TaskContext, processor: SampleProcessor, wr
     def report(error: ShardflowError) -> None:
         failures.record(error, error.url or url, error.key, "read")
 
+    batched = isinstance(processor, BatchProcessor)
     try:
-        for sample in read_samples(counted, url, on_error=policy, report=report):
+        if batched:  # fn over batches; read and write run in threads beside it (run/batch.py)
+            processor.write_all(lambda rep: read_samples(counted, url, on_error=policy, report=rep), url, writer,
+                                counter.add)
+        for sample in () if batched else read_samples(counted, url, on_error=policy, report=report):
             stats.samples_in += 1
             for encoded in processor.process(sample):
                 writer.write(encoded)

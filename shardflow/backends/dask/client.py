@@ -14,6 +14,7 @@ from concurrent.futures import CancelledError as _FuturesCancelledError
 from typing import TYPE_CHECKING, Any, Iterator
 
 from shardflow.backends.dask.on_worker import run_on_worker, worker_check
+from shardflow.backends.dask.resources import check_resources, task_resources
 from shardflow.backends.dask.wire import dumps_job, missing_module_message
 from shardflow.errors import FailureKind, JobError
 from shardflow.run.progress import Progress
@@ -133,7 +134,7 @@ def _record(job: "ShardJob", task: Task, result: TaskResult) -> TaskResult:
 def execute_dask(job: "ShardJob", tasks: list[Task], progress: Progress, *, address: str | None = None,
                  client: Any = None, workers: int | None = None, threads_per_worker: int = 1,
                  max_in_flight: int | None = None, dashboard_address: str | None = ":8787",
-                 connect_timeout: float = 30.0) -> Iterator[TaskResult]:
+                 connect_timeout: float = 30.0, gpus_per_worker: int | None = None) -> Iterator[TaskResult]:
     """Run tasks on a Dask cluster and yield their results as they finish.
 
     address:            scheduler address (`tcp://host:8786`) of a running cluster.
@@ -143,6 +144,8 @@ def execute_dask(job: "ShardJob", tasks: list[Task], progress: Progress, *, addr
     max_in_flight:      tasks submitted at once (default 3 x the cluster's threads, at least 4).
     dashboard_address:  where a LocalCluster serves its dashboard.
     connect_timeout:    seconds to wait for the scheduler at `address`.
+    gpus_per_worker:    GPUs each task asks for as the worker resource "GPU" (default 1 for
+                        device="cuda"; only on a cluster given by address or client): docs/gpu.md.
     """
     if not tasks:
         return  # nothing pending: no cluster to start
@@ -153,9 +156,11 @@ def execute_dask(job: "ShardJob", tasks: list[Task], progress: Progress, *, addr
     client, cluster, scheduler = _connect(address, client, workers, threads_per_worker, dashboard_address,
                                           connect_timeout)
     run = _DaskRun(job, tasks, progress, client, scheduler, max_in_flight)
+    run.resources = None if cluster is not None else task_resources(job, gpus_per_worker)
     try:
         _print_dashboard(client)
         _preflight(client, job)
+        check_resources(client, run.resources)
         run.publish_job()
         yield from run.results()
     finally:
@@ -182,6 +187,7 @@ class _DaskRun:
         self.subscribed = False
         self.token = ""
         self.job_name = f"shardflow-{_safe_name(job.name)}-job-{run_id}"
+        self.resources: dict[str, float] | None = None  # {"GPU": n} for GPU jobs (resources.py)
 
     def publish_job(self) -> None:
         """The job goes to the scheduler once; each worker fetches it once, on its first task (workers
@@ -213,7 +219,7 @@ class _DaskRun:
         futures = self.client.map(
             run_on_worker, batch, token=self.token, variable=self.job_variable.name, topic=self.topic,
             key=[f"{self.prefix}-{task.id:06d}" for task in batch],
-            priority=-(len(self.tasks) - len(self.remaining)), pure=False, retries=0)
+            priority=-(len(self.tasks) - len(self.remaining)), pure=False, retries=0, resources=self.resources)
         for future, task in zip(futures, batch):
             self.running[future.key] = (future, task)
             future.add_done_callback(lambda f: self.events.put((_DONE, f.key)))
