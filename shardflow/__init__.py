@@ -36,6 +36,8 @@ _LAZY = {
     "ShardJob": "shardflow.run.job",
     "sample_rng": "shardflow.run.seeds",
     "sample_seed": "shardflow.run.seeds",
+    "device_rng": "shardflow.run.seeds",
+    "worker_device": "shardflow.run.devices",
     "Task": "shardflow.run.task",
     "run_task": "shardflow.run.run_task",
     "RunDir": "shardflow.run.rundir",

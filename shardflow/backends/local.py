@@ -25,8 +25,10 @@ if TYPE_CHECKING:
     from shardflow.run.job import ShardJob
 
 
-def execute_serial(job: "ShardJob", tasks: list[Task], progress: Progress) -> Iterator[TaskResult]:
-    """Run tasks one after another in this process (debuggable: breakpoints work in fn)."""
+def execute_serial(job: "ShardJob", tasks: list[Task], progress: Progress,
+                   gpus_per_worker: int | None = None) -> Iterator[TaskResult]:
+    """Run tasks one after another in this process (debuggable: breakpoints work in fn); it uses the GPUs
+    this process sees (gpus_per_worker is accepted for a uniform command line and ignored)."""
     for task in tasks:
         yield run_task(task, job, progress=progress.add_samples)
 

@@ -89,12 +89,16 @@ def _backend_names() -> list[str]:
               help="where tasks run: serial (this process, in order), processes (local pool), dask")
 @click.option("--workers", "-w", type=click.IntRange(min=1), help="worker processes (default: one per core)")
 @click.option("--address", metavar="URL", help="Dask scheduler address (with --backend dask)")
+@click.option("--gpus-per-worker", type=click.IntRange(min=1), default=None,
+              help="GPUs per worker: processes pins each worker to its own (one worker per slot by default), dask "
+              "asks for the worker resource GPU (docs/gpu.md)")
 @click.option("--force", is_flag=True, help="discard the run directory's progress if it holds a different plan")
 @click.option("--progress/--no-progress", default=None, help="progress bar on stderr (default: when a terminal)")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON instead of text")
 def run_command(jobfile: str, inputs: str | None, outputs: str | None, settings: tuple[str, ...],
                 run_dir: str | None, storage_option: tuple[str, ...], backend: str, workers: int | None,
-                address: str | None, force: bool, progress: bool | None, as_json: bool) -> None:
+                address: str | None, gpus_per_worker: int | None, force: bool, progress: bool | None,
+                as_json: bool) -> None:
     """Run a job file over input shards into output shards, resuming where an earlier run stopped.
 
     JOBFILE is a job file (jobs/augment.py) or the name of a built-in job (augment, resize, filter,
@@ -115,6 +119,8 @@ def run_command(jobfile: str, inputs: str | None, outputs: str | None, settings:
         backend_options["workers"] = workers
     if address is not None:
         backend_options["address"] = address
+    if gpus_per_worker is not None:
+        backend_options["gpus_per_worker"] = gpus_per_worker
     previous = _sigterm_as_interrupt()
     try:
         with _errors(options):

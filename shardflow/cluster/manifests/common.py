@@ -57,6 +57,7 @@ class ClusterOptions:
     deadline: int | None = None  # activeDeadlineSeconds of the whole run
     tmp_size: str = "1Gi"
     labels: Mapping[str, str] = field(default_factory=dict)
+    gpus: int = 0  # nvidia.com/gpu limit per pod (docs/gpu.md)
 
     def __post_init__(self) -> None:
         if self.tasks < 1:
@@ -130,6 +131,8 @@ def container(opts: ClusterOptions, args: list[str]) -> dict[str, Any]:
     if opts.secrets:
         spec["envFrom"] = [{"secretRef": {"name": s}} for s in opts.secrets]
     spec["resources"] = {"requests": {"cpu": opts.cpu, "memory": opts.memory}, "limits": {"memory": opts.memory}}
+    if opts.gpus:  # an extended resource: the limit alone is the request too
+        spec["resources"]["limits"]["nvidia.com/gpu"] = str(opts.gpus)  # a quantity (hera: a string)
     spec["securityContext"] = {
         "allowPrivilegeEscalation": False,
         "readOnlyRootFilesystem": True,
