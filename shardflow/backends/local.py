@@ -93,7 +93,8 @@ def _alive(pid: int) -> bool:
 
 
 # Modules worth importing once in the fork server rather than in every worker, when the driver uses them.
-_PRELOAD = ("numpy", "PIL.Image", "simplejpeg", "fsspec", "torch", "torchvision", "shardflow.run.run_task",
+_PRELOAD = ("numpy", "PIL.Image", "simplejpeg", "fsspec", "torch", "torchvision", "torchvision.transforms.v2",
+            "torchvision.models", "shardflow.run.run_task",
             "shardflow.codecs", "shardflow.backends.local")
 
 

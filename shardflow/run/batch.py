@@ -19,7 +19,8 @@ from shardflow.errors import JobError, SkipSample
 from shardflow.run.batch_values import batch_outputs, collate
 from shardflow.run.context import TaskContext
 from shardflow.run.failures import SampleFailures
-from shardflow.run.overlap import ReadAhead, Sink
+from shardflow.run.overlap import read_ahead
+from shardflow.run.overlap import sink as make_sink
 from shardflow.run.process import SampleProcessor, reuse_raw, unchanged_values
 from shardflow.run.seeds import seed_globals, stable_seed
 from shardflow.run.stats import Stats
@@ -42,8 +43,8 @@ class BatchProcessor:
     # -- the task's thread ---------------------------------------------------------------------
     def write_all(self, open_samples: OpenSamples, url: str, writer: Any, progress: Callable[[int], None]) -> None:
         """Stream one input shard: batches read ahead, fn here, outputs written behind."""
-        reader = ReadAhead(self._chunks(open_samples))
-        sink = Sink(lambda outputs: self._write(outputs, writer))
+        reader = read_ahead(self._chunks(open_samples))
+        sink = make_sink(lambda outputs: self._write(outputs, writer))
         try:
             for chunk in reader:
                 batch = self._admit(chunk, url)

@@ -11,11 +11,13 @@ hand-off; stopping (an error, Ctrl-C) ends both threads at their next item.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from typing import Any, Callable, Iterable, Iterator
 
 _END = object()
+ENABLED = os.environ.get("SHARDFLOW_BATCH_OVERLAP", "1") != "0"  # 0: no threads (to measure what they give)
 _POLL_S = 0.1  # how often a blocked hand-off looks whether the other side stopped
 _JOIN_S = 30.0  # how long stopping waits for a thread busy in one item (a read, a write)
 
@@ -125,3 +127,31 @@ def _empty(target: "queue.Queue[Any]") -> None:
             target.get_nowait()
         except queue.Empty:
             return
+
+
+class Inline:
+    """ReadAhead and Sink without threads (SHARDFLOW_BATCH_OVERLAP=0): the stages run one after another."""
+
+    def __init__(self, source: Iterable[Any] = (), consume: Callable[[Any], None] | None = None) -> None:
+        self._source, self._consume = source, consume
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._source)
+
+    def put(self, item: Any) -> None:
+        assert self._consume is not None
+        self._consume(item)
+
+    def finish(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def read_ahead(source: Iterable[Any]) -> ReadAhead | Inline:
+    return ReadAhead(source) if ENABLED else Inline(source)
+
+
+def sink(consume: Callable[[Any], None]) -> Sink | Inline:
+    return Sink(consume) if ENABLED else Inline(consume=consume)
