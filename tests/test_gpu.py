@@ -8,6 +8,7 @@ The machine these tests were written on has no GPU: the CUDA tests below are ski
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import kubernetes_validate
@@ -178,3 +179,17 @@ def test_cuda_job_end_to_end(shards, tmp_path):
     assert sf.ShardJob(fn, spec(shards, "in", 2), str(tmp_path / "p" / "{name}.tar"), decode="torchrgb8-cuda",
                         device="cuda", batch_size=4).run("processes", progress=False).ok
     assert file_bytes(tars(tmp_path / "o")) == file_bytes(tars(tmp_path / "p"))  # same GPU: same bytes
+
+
+def test_docker_cuda_build_arg_installs_the_cuda_wheels():
+    """docker/install.sh with CUDA=<tag> (the Dockerfile's build arg): torch from PyTorch's CUDA index."""
+    import subprocess
+
+    from test_job_support import REPO
+
+    env = {**os.environ, "PIP": "echo pip", "CUDA": "cu128", "EXTRAS": "s3"}
+    out = subprocess.run(["sh", str(REPO / "docker" / "install.sh"), str(REPO)], env=env, capture_output=True,
+                         text=True, check=True).stdout
+    assert "--extra-index-url https://download.pytorch.org/whl/cu128 torch==" in out and "[s3,torch]" in out
+    dockerfile = (REPO / "docker" / "Dockerfile").read_text()
+    assert 'ARG CUDA=""' in dockerfile and 'CUDA="${CUDA}" sh docker/install.sh' in dockerfile
