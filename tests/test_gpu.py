@@ -193,3 +193,36 @@ def test_docker_cuda_build_arg_installs_the_cuda_wheels():
     assert "--extra-index-url https://download.pytorch.org/whl/cu128 torch==" in out and "[s3,torch]" in out
     dockerfile = (REPO / "docker" / "Dockerfile").read_text()
     assert 'ARG CUDA=""' in dockerfile and 'CUDA="${CUDA}" sh docker/install.sh' in dockerfile
+
+
+def test_batched_jpeg_decode_and_its_fallbacks_on_the_cpu(tmp_path):
+    """GpuJpegDecoder's batching and fallbacks, run with torchvision's CPU decode_jpeg in place of nvjpeg:
+    JPEGs of a batch in one call, a PNG decoded by the CPU spec, a broken JPEG failing alone (with its
+    key, the batch call failing first and each JPEG retried alone), a CMYK JPEG decoded either way."""
+    import io
+
+    import numpy as np
+    import torch
+    from PIL import Image
+    from test_job_support import tiny_jpeg
+
+    def encoded(fmt, mode="RGB"):
+        buf = io.BytesIO()
+        Image.fromarray(np.full((6, 8, 3), 120, np.uint8)).convert(mode).save(buf, fmt)
+        return buf.getvalue()
+
+    samples = [{"__key__": "a", "jpg": tiny_jpeg(1), "cls": b"3"}, {"__key__": "b", "png": encoded("PNG")},
+               {"__key__": "c", "jpg": b"\xff\xd8 not really"}, {"__key__": "d", "jpg": encoded("JPEG", "CMYK")},
+               {"__key__": "e", "jpg": tiny_jpeg(2)}]
+    decoder = make_decoder("torchrgb8-cuda", device="auto")
+    decoder._on_gpu, decoder.device = True, "cpu"
+    out = decoder.decode_batch(samples)
+    cpu = make_decoder("torchrgb8")
+    for i in (0, 4):
+        assert torch.equal(out[i]["jpg"], cpu(samples[i])["jpg"]) and out[i]["jpg"].dtype == torch.uint8
+    assert out[0]["cls"] == 3 and tuple(out[1]["png"].shape) == (3, 6, 8)
+    assert isinstance(out[2], Exception) and getattr(out[2], "key", None) == "c"
+    assert tuple(out[3]["jpg"].shape) == (3, 6, 8)
+    floats = make_decoder("torchrgb-cuda", device="auto")
+    floats._on_gpu, floats.device = True, "cpu"
+    assert floats.decode_batch(samples[:1])[0]["jpg"].dtype == torch.float32

@@ -58,6 +58,7 @@ class GpuJpegDecoder:
     def __init__(self, spec: str, cpu: Decoder, *, fallback: bool = False) -> None:
         self.spec, self.cpu, self.fallback = spec, cpu, fallback
         self._on_gpu: bool | None = None  # decided on this worker, on first use
+        self.device = "cuda"  # where decoded images go ("cpu" in tests: the same batching and fallbacks)
         self._cpu_jpeg = Decoder("torchrgb8", only="jpg")
 
     def __getstate__(self) -> dict[str, Any]:
@@ -89,7 +90,7 @@ class GpuJpegDecoder:
             out.append(decoded)
             if not isinstance(decoded, Exception):
                 jpegs.extend((i, k, bytes(sample[k])) for k in sample if k not in rest)
-                _to_device(decoded, self.spec)
+                _to_device(decoded, self.device)
         for (i, ext, _), image in zip(jpegs, self._decode_jpegs([d for _, _, d in jpegs])):
             if isinstance(out[i], Exception):
                 continue
@@ -109,7 +110,7 @@ class GpuJpegDecoder:
 
         views = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in datas]
         try:
-            return list(tvio.decode_jpeg(views, mode=tvio.ImageReadMode.RGB, device="cuda"))
+            return list(tvio.decode_jpeg(views, mode=tvio.ImageReadMode.RGB, device=self.device))
         except Exception:  # noqa: BLE001 - one refused JPEG fails the batch call: decode one by one
             return [self._one(view, data) for view, data in zip(views, datas)]
 
@@ -117,19 +118,19 @@ class GpuJpegDecoder:
         import torchvision.io as tvio
 
         try:
-            return tvio.decode_jpeg(view, mode=tvio.ImageReadMode.RGB, device="cuda")
+            return tvio.decode_jpeg(view, mode=tvio.ImageReadMode.RGB, device=self.device)
         except Exception:  # noqa: BLE001 - CMYK & co: the CPU decodes it (Pillow), then to the GPU
             try:
-                return self._cpu_jpeg({"jpg": data})["jpg"].cuda()
+                return self._cpu_jpeg({"jpg": data})["jpg"].to(self.device)
             except Exception as exc:  # noqa: BLE001
                 return exc
 
 
-def _to_device(sample: dict[str, Any], spec: str) -> None:
+def _to_device(sample: dict[str, Any], device: str) -> None:
     """Images the CPU decoded (PNG, ...) join the JPEGs on the GPU."""
     for k, v in sample.items():
         if not k.startswith("__") and is_tensor(v) and v.ndim in (2, 3):
-            sample[k] = v.cuda(non_blocking=True)
+            sample[k] = v.to(device, non_blocking=True)
 
 
 def _try(decoder: Callable[[dict[str, Any]], dict[str, Any]], sample: dict[str, Any]) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from shardflow.errors import JobError
+from shardflow.run.worker_fn import SetupCall
 
 DEVICES = ("cpu", "cuda", "auto")
 BATCHING_SETTINGS = frozenset({"batch_size", "collate", "device"})
@@ -38,8 +39,9 @@ def describe_batching(job: Any) -> dict[str, Any]:
     if job.device is not None:
         out["device"] = job.device
     made = getattr(job, "_per_worker", None)
-    if made is not None:
-        out["fn"] = f"{getattr(made.factory, '__module__', '?')}.{made.label}"
+    if made is not None:  # the class, or the job file's process (made through its setup())
+        target = made.args[1] if made.factory is SetupCall else made.factory
+        out["fn"] = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', made.label)}"
     return out
 
 
