@@ -14,7 +14,9 @@ The two jobs do not do the same work (the batched one crops and writes JPEG, as 
 pipeline's offline augmentation would); the 384 variant keeps the output size comparable.
 
 Run: python bench/bench_batch.py [--shards 4] [--per-shard 64] [--workers 2] [--backend processes]
-     [--repeat 2]
+     [--repeat 2] [--gpu]
+`--gpu` adds `augment_batch-cuda` (decode torchrgb8-cuda, batch 128, device cuda, one worker per GPU);
+it has not been run yet (the machine this was written on has no GPU).
 Variants run back to back in each round. Three samples/s per variant: `command` (the whole command,
 imports included), `run` (from the plan on: worker start-up and tasks) and `tasks` (the tasks' own
 time, summed and divided by the workers: the steady rate a long run approaches). Each is the best
@@ -45,6 +47,10 @@ VARIANTS = {
     "augment_batch-384": (["augment_batch", "--set", "batch_size=64", "--set", "size=384"], {}),
     "augment_batch-serial": (["augment_batch", "--set", "batch_size=64"], {"SHARDFLOW_BATCH_OVERLAP": "0"}),
 }
+GPU_VARIANTS = {  # --gpu: nvjpeg decode + augment + JPEG encode on the GPU, one worker per GPU
+    "augment_batch-cuda": (["augment_batch", "--set", "batch_size=128", "--set", "decode=torchrgb8-cuda",
+                            "--set", "device=cuda", "--gpus-per-worker", "1"], {}),
+}
 
 
 def run_variant(name: str, inputs: str, out: Path, backend: str, workers: int) -> tuple[float, float, float]:
@@ -53,7 +59,7 @@ def run_variant(name: str, inputs: str, out: Path, backend: str, workers: int) -
     args, env = VARIANTS[name]
     command = [sys.executable, "-c", "from shardflow.cli import main; main()", "run", *args, "--inputs", inputs,
                "--outputs", str(out / "{name}.tar"), "--backend", backend, "--no-progress", "--json"]
-    if backend == "processes":
+    if backend == "processes" and "--gpus-per-worker" not in args:
         command += ["--workers", str(workers)]
     environment = {**os.environ, "PYTHONPATH": str(REPO), **env}
     started = time.perf_counter()
@@ -73,7 +79,11 @@ def main() -> None:
     parser.add_argument("--backend", default="processes", choices=["processes", "serial"])
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--only", nargs="*", default=list(VARIANTS))
+    parser.add_argument("--gpu", action="store_true", help="add the GPU variants (needs CUDA; not run here)")
     args = parser.parse_args()
+    if args.gpu:
+        VARIANTS.update(GPU_VARIANTS)
+        args.only += list(GPU_VARIANTS)
     samples = args.shards * args.per_shard
     with tempfile.TemporaryDirectory(prefix="bench-batch-") as tmp:
         root = Path(tmp)
