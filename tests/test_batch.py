@@ -156,3 +156,23 @@ def test_job_file_process_batch_and_batch_size(shards, tmp_path):
     assert job.run("serial", progress=False).ok
     sizes = [int(s["cls"]) for s in _samples(tmp_path / "o")]
     assert sizes[:8] == [4, 4, 4, 4, 3, 3, 3, 4]  # s000005 does not decode
+
+
+def test_on_error_raise_stops_at_the_bad_sample_and_leaves_nothing_behind(shards, tmp_path):
+    """on_error="raise": the first failing sample (found by the per-sample retry) fails the task with its
+    key; the overlap threads end, no temp file or output shard is left."""
+    import threading
+
+    from test_job_support import temp_files
+
+    def fn(batch):
+        if any(s["__key__"] == "s000002" for s in batch):
+            raise ValueError("bad pixels")
+        return _flip_batch(batch)
+
+    report = _run(fn, shards, tmp_path / "o", batch_size=4, on_error="raise")
+    assert not report.ok and report.done == 0
+    error = report.failed[0]["error"]
+    assert "s000002" in error and "bad pixels" in error
+    assert tars(tmp_path / "o") == [] and temp_files(tmp_path / "o") == []
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("shardflow-")]

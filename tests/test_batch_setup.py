@@ -133,3 +133,21 @@ def test_setup_runs_once_per_pod(shards, tmp_path):
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert list(_setups(count).values()) == [1] and len(tars(tmp_path / "out")) == 3
+
+
+def test_a_failed_construction_is_remembered_per_process():
+    """Later tasks on the worker get the same SetupError at once, without constructing again."""
+    from shardflow.run.worker_fn import PerWorker, SetupError, worker_fn
+
+    calls = []
+
+    def broken():
+        calls.append(1)
+        raise OSError("GPU out of memory")
+
+    made = PerWorker(broken, name="Broken")
+    for _ in range(3):
+        with pytest.raises(SetupError, match="setup of Broken failed .* OSError: GPU out of memory"):
+            worker_fn("job-1", made)
+    assert calls == [1]
+    assert worker_fn("job-2", PerWorker(lambda: len)) is len  # another job: made afresh

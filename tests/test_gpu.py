@@ -226,3 +226,15 @@ def test_batched_jpeg_decode_and_its_fallbacks_on_the_cpu(tmp_path):
     floats = make_decoder("torchrgb-cuda", device="auto")
     floats._on_gpu, floats.device = True, "cpu"
     assert floats.decode_batch(samples[:1])[0]["jpg"].dtype == torch.float32
+
+
+def test_cli_gpus_per_worker_without_gpus_is_a_one_line_start_error(shards, tmp_path):
+    path = write_job(tmp_path, """
+        def process(sample):
+            return sample
+    """)
+    env = {"CUDA_VISIBLE_DEVICES": ""}
+    result = CliRunner().invoke(main, ["run", str(path), "--inputs", spec(shards, "in", 2), "--outputs",
+                                       str(tmp_path / "o" / "{name}.tar"), "--gpus-per-worker", "1"], env=env)
+    assert result.exit_code == 2, result.output
+    assert "--gpus-per-worker 1: 0 GPU(s) visible" in result.output and "Traceback" not in result.output
