@@ -23,15 +23,17 @@ from shardflow.codecs.tensors import is_tensor
 from shardflow.errors import DecodeError, JobError
 
 CUDA_SUFFIX = "-cuda"
+ALIASES = ("-gpu",)  # the reader's spelling (decode="torchrgb8-gpu") means the same in jobs
 GPU_SPECS = {"torchrgb8": False, "torchrgb": True, "torch": True}  # spec -> scaled to float [0, 1]
 _JPEG = ("jpg", "jpeg")
 
 
 def make_decoder(spec: str, *, allow_pickle: bool = False, device: str | None = None) -> Callable[..., Any]:
     """The decoder of a job's `decode` setting: a CPU Decoder, or a GpuJpegDecoder for `<spec>-cuda`."""
-    if not spec.endswith(CUDA_SUFFIX):
+    suffix = next((s for s in (CUDA_SUFFIX, *ALIASES) if spec.endswith(s)), None)
+    if suffix is None:
         return Decoder(spec, allow_pickle=allow_pickle)
-    base = spec[: -len(CUDA_SUFFIX)]
+    base = spec[: -len(suffix)]
     if base not in GPU_SPECS:
         names = ", ".join(name + CUDA_SUFFIX for name in GPU_SPECS)
         raise ValueError(f"decode={spec!r}: GPU decode gives {names}")
