@@ -239,3 +239,17 @@ def test_cli_gpus_per_worker_without_gpus_is_a_one_line_start_error(shards, tmp_
                                        str(tmp_path / "o" / "{name}.tar"), "--gpus-per-worker", "1"], env=env)
     assert result.exit_code == 2, result.output
     assert "--gpus-per-worker 1: 0 GPU(s) visible" in result.output and "Traceback" not in result.output
+
+
+def test_gpu_jpeg_pixels_round_like_the_cpu_encoder():
+    """Floats become uint8 before the GPU JPEG encode exactly as the CPU encoder rounds them."""
+    import numpy as np
+    import torch
+
+    from shardflow.codecs.gpu import _uint8
+    from shardflow.codecs.images import _float_to_uint8
+
+    values = torch.tensor([[[-0.5, 0.0, 0.5 / 255, 1.5 / 255, 0.5, 1.0, 1.7, float("nan")]]])
+    assert _uint8(values, torch).numpy().tolist() == _float_to_uint8(values.numpy().copy()).tolist()
+    assert _uint8(torch.ones(1, 2, 2, dtype=torch.uint8), torch).dtype == torch.uint8
+    assert np.array_equal(_uint8(values, torch).numpy()[0, 0, :2], [0, 0])
