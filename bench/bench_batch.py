@@ -15,8 +15,9 @@ pipeline's offline augmentation would); the 384 variant keeps the output size co
 
 Run: python bench/bench_batch.py [--shards 4] [--per-shard 64] [--workers 2] [--backend processes]
      [--repeat 2] [--gpu]
-`--gpu` adds `augment_batch-cuda` (decode torchrgb8-cuda, batch 128, device cuda, one worker per GPU);
-it has not been run yet (the machine this was written on has no GPU).
+`--gpu` adds `augment_batch-cuda` (decode torchrgb8-cuda, batch 128, device cuda, one worker per GPU)
+and prints how busy the GPUs were (nvidia-smi utilization.gpu sampled every 0.2 s); it has not been run
+yet (the machine this was written on has no GPU).
 Variants run back to back in each round. Three samples/s per variant: `command` (the whole command,
 imports included), `run` (from the plan on: worker start-up and tasks) and `tasks` (the tasks' own
 time, summed and divided by the workers: the steady rate a long run approaches). Each is the best
@@ -62,13 +63,32 @@ def run_variant(name: str, inputs: str, out: Path, backend: str, workers: int) -
     if backend == "processes" and "--gpus-per-worker" not in args:
         command += ["--workers", str(workers)]
     environment = {**os.environ, "PYTHONPATH": str(REPO), **env}
+    sampler = _gpu_sampler() if name.endswith("-cuda") else None
     started = time.perf_counter()
     proc = subprocess.run(command, env=environment, capture_output=True, text=True)
     seconds = time.perf_counter() - started
+    if sampler is not None:
+        sampler.terminate()
+        busy = [float(x) for x in sampler.communicate()[0].split() if x.replace(".", "", 1).isdigit()]
+        if busy:
+            print(f"{name}: GPU busy {sum(busy) / len(busy):.0f} % (nvidia-smi utilization.gpu every 0.2 s, "
+                  f"mean over the command, all GPUs)")
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed:\n{proc.stderr}")
     report = json.loads(proc.stdout)
-    return seconds, report["seconds"], report["stats"]["seconds"] / (workers if backend == "processes" else 1)
+    parallel = min(workers, max(1, report["done"])) if backend == "processes" else 1
+    return seconds, report["seconds"], report["stats"]["seconds"] / parallel
+
+
+def _gpu_sampler() -> subprocess.Popen | None:
+    """nvidia-smi printing GPU utilisation every 200 ms, or None without nvidia-smi."""
+    import shutil
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    return subprocess.Popen([smi, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "200"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
 
 def main() -> None:
