@@ -7,12 +7,19 @@
 #   EXTRAS  comma-separated extras of shardflow (default: s3,gcs; empty for none)
 #   TORCH   1: add the torch stack, pinned in pyproject's `torch` extra, as CPU wheels from
 #           PyTorch's official index (TORCH_INDEX)
+#   CUDA    a PyTorch CUDA wheel tag (cu126, cu128, ...): the torch stack as CUDA wheels from
+#           https://download.pytorch.org/whl/$CUDA (implies TORCH=1; see docs/gpu.md)
 #   PIP     the pip command (default: pip)
 set -eu
 SRC="${1:-.}"
 PIP="${PIP:-pip}"
 EXTRAS="${EXTRAS-s3,gcs}"
 TORCH="${TORCH:-0}"
+CUDA="${CUDA:-}"
+if [ -n "$CUDA" ]; then
+  TORCH=1
+  TORCH_INDEX="${TORCH_INDEX:-https://download.pytorch.org/whl/$CUDA}"
+fi
 TORCH_INDEX="${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
 
 CONSTRAINTS=""

@@ -37,6 +37,8 @@ _LAZY = {
     "ShellJob": "shardflow.run.shell",
     "sample_rng": "shardflow.run.seeds",
     "sample_seed": "shardflow.run.seeds",
+    "device_rng": "shardflow.run.seeds",
+    "worker_device": "shardflow.run.devices",
     "Task": "shardflow.run.task",
     "run_task": "shardflow.run.run_task",
     "RunDir": "shardflow.run.rundir",

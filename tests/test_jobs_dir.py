@@ -22,7 +22,7 @@ from shardflow.shards.samples import read_samples
 from shardflow.shards.writer import TarWriter
 
 JOBS = REPO / "jobs"
-NAMES = ["augment", "filter", "reshard", "resize"]
+NAMES = ["augment", "augment_batch", "features", "filter", "reshard", "resize"]
 
 
 def test_jobs_dir_links_to_the_jobs_shipped_in_the_package():

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 import cloudpickle
 
 from shardflow.errors import FailureKind
+from shardflow.run.devices import gpu_plan, pin_worker
 from shardflow.run.progress import Progress
 from shardflow.run.run_task import run_task
 from shardflow.run.task import Task, TaskResult
@@ -24,8 +25,10 @@ if TYPE_CHECKING:
     from shardflow.run.job import ShardJob
 
 
-def execute_serial(job: "ShardJob", tasks: list[Task], progress: Progress) -> Iterator[TaskResult]:
-    """Run tasks one after another in this process (debuggable: breakpoints work in fn)."""
+def execute_serial(job: "ShardJob", tasks: list[Task], progress: Progress,
+                   gpus_per_worker: int | None = None) -> Iterator[TaskResult]:
+    """Run tasks one after another in this process (debuggable: breakpoints work in fn); it uses the GPUs
+    this process sees (gpus_per_worker is accepted for a uniform command line and ignored)."""
     for task in tasks:
         yield run_task(task, job, progress=progress.add_samples)
 
@@ -35,7 +38,8 @@ _worker_job: "ShardJob | None" = None
 _worker_queue: "multiprocessing.Queue[int] | None" = None
 
 
-def _init_worker(job_bytes: bytes, counts: "multiprocessing.Queue[int]", threads: int = 0, driver: int = 0) -> None:
+def _init_worker(job_bytes: bytes, counts: "multiprocessing.Queue[int]", threads: int = 0, driver: int = 0,
+                 gpu_slots: Any = None) -> None:
     """Unpickle the job once per worker process (cloudpickle: fn may live in __main__ or a job file).
 
     `threads`: intra-op threads for torch/BLAS in this worker (0: leave the libraries' defaults), so
@@ -43,6 +47,8 @@ def _init_worker(job_bytes: bytes, counts: "multiprocessing.Queue[int]", threads
     the worker exits when it is gone (kill -9), instead of running on as an orphan next to a rerun.
     """
     global _worker_job, _worker_queue
+    if gpu_slots is not None:
+        pin_worker(gpu_slots)  # CUDA_VISIBLE_DEVICES, before anything starts CUDA
     signal.signal(signal.SIGINT, _interrupt_task)
     if threads:
         for name in _THREAD_VARIABLES:
@@ -87,7 +93,8 @@ def _alive(pid: int) -> bool:
 
 
 # Modules worth importing once in the fork server rather than in every worker, when the driver uses them.
-_PRELOAD = ("numpy", "PIL.Image", "simplejpeg", "fsspec", "torch", "torchvision", "shardflow.run.run_task",
+_PRELOAD = ("numpy", "PIL.Image", "simplejpeg", "fsspec", "torch", "torchvision", "torchvision.transforms.v2",
+            "torchvision.models", "shardflow.run.run_task",
             "shardflow.codecs", "shardflow.backends.local")
 
 
@@ -159,15 +166,21 @@ def default_workers() -> int:
 
 
 def execute_processes(job: "ShardJob", tasks: list[Task], progress: Progress, *,
-                      workers: int | None = None) -> Iterator[TaskResult]:
-    """Run tasks on `workers` processes (default: one per core), at most 2 queued per worker."""
+                      workers: int | None = None, gpus_per_worker: int | None = None) -> Iterator[TaskResult]:
+    """Run tasks on `workers` processes (default: one per core; a GPU job: one per GPU slot of
+    `gpus_per_worker` GPUs, each pinned to its own), at most 2 queued per worker."""
     if not tasks:
         return
-    workers = max(1, min(workers or default_workers(), len(tasks)))
+    gpus = gpu_plan(getattr(job, "device", None), gpus_per_worker)
+    workers = max(1, min(workers or (gpus.workers if gpus else default_workers()), len(tasks)))
     context = _mp_context()
     counts = context.Queue()
+    slots = None if gpus is None else context.Queue()
+    for slot in gpus.slots if gpus else ():
+        slots.put(slot)
+    threads = gpus.threads(workers) if gpus else _worker_threads(workers)
     pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
-                               initargs=(cloudpickle.dumps(job), counts, _worker_threads(workers), os.getpid()))
+                               initargs=(cloudpickle.dumps(job), counts, threads, os.getpid(), slots))
     remaining = iter(tasks)
     running: dict[Future, Task] = {}
     clean = False

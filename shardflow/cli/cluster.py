@@ -109,6 +109,7 @@ def _cluster_options(fn):
                      help="tasks (input shard groups) per pod [default: 1, more when there are very many tasks]"),
         click.option("--cpu", default="1", show_default=True, help="CPU request per pod"),
         click.option("--memory", default="2Gi", show_default=True, help="memory request and limit per pod"),
+        click.option("--gpus", type=click.IntRange(min=0), default=0, help="nvidia.com/gpu per pod (docs/gpu.md)"),
         click.option("--secret", "secrets", multiple=True, metavar="NAME",
                      help="Kubernetes Secret whose keys become env vars (AWS_ACCESS_KEY_ID, ...); repeatable"),
         click.option("--env", "env", multiple=True, metavar="NAME=VALUE", help="plain env var (no secrets)"),
@@ -172,7 +173,7 @@ def _render(kind: str, jobfile: str, inputs: str | None, outputs: str | None, ru
             env=dict(_pairs(kw["env"], "--env")), service_account=kw["service_account"],
             image_pull_secrets=kw["pull_secrets"], node_selector=dict(_pairs(kw["node_selector"], "--node-selector")),
             pvcs=_pairs(kw["pvc"], "--pvc", ":"), retries=kw["retries"], ttl=kw["ttl"], deadline=kw["deadline"],
-            tmp_size=kw["tmp_size"], **_extras(kw),
+            tmp_size=kw["tmp_size"], gpus=kw["gpus"], **_extras(kw),
         )
         if kind == "kubernetes":
             cluster["max_failed_indexes"] = kw["max_failed_indexes"]

@@ -93,6 +93,9 @@ def _backend_names() -> list[str]:
               help="where tasks run: serial (this process, in order), processes (local pool), dask")
 @click.option("--workers", "-w", type=click.IntRange(min=1), help="worker processes (default: one per core)")
 @click.option("--address", metavar="URL", help="Dask scheduler address (with --backend dask)")
+@click.option("--gpus-per-worker", type=click.IntRange(min=1), default=None,
+              help="GPUs per worker: processes pins each worker to its own (one worker per slot by default), dask "
+              "asks for the worker resource GPU (docs/gpu.md)")
 @click.option("--force", is_flag=True, help="discard the run directory's progress if it holds a different plan")
 @click.option("--progress/--no-progress", default=None, help="progress bar on stderr (default: when a terminal)")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON instead of text")
@@ -102,8 +105,8 @@ def _backend_names() -> list[str]:
 @run_flags
 def run_command(jobfile: str, inputs: str | None, outputs: str | None, settings: tuple[str, ...],
                 run_dir: str | None, storage_option: tuple[str, ...], backend: str, workers: int | None,
-                address: str | None, force: bool, progress: bool | None, as_json: bool, steal: bool,
-                wait_workers: float | None, **flags: Any) -> None:
+                address: str | None, gpus_per_worker: int | None, force: bool, progress: bool | None,
+                as_json: bool, steal: bool, wait_workers: float | None, **flags: Any) -> None:
     """Run a job file over input shards into output shards, resuming where an earlier run stopped.
 
     JOBFILE is a job file (jobs/augment.py) or the name of a built-in job (augment, resize, filter,
@@ -121,7 +124,7 @@ def run_command(jobfile: str, inputs: str | None, outputs: str | None, settings:
     if run_options.get("debug"):
         backend, progress = "serial", False
     backend_options = _backend_options(backend, workers=workers, address=address, steal=steal,
-                                       wait_workers=wait_workers)
+                                       wait_workers=wait_workers, gpus_per_worker=gpus_per_worker)
     previous = _sigterm_as_interrupt()
     try:
         with _errors(options):
@@ -156,12 +159,13 @@ def run_command(jobfile: str, inputs: str | None, outputs: str | None, settings:
 
 
 def _backend_options(backend: str, *, workers: int | None, address: str | None, steal: bool,
-                     wait_workers: float | None) -> dict[str, Any]:
+                     wait_workers: float | None, gpus_per_worker: int | None) -> dict[str, Any]:
     """The keywords of ShardJob.run that only some backends take, checked against the backend."""
     for flag, value in (("--address", address), ("--wait-workers", wait_workers)):
         if value is not None and backend != "dask":
             raise click.BadParameter(f"{flag} is for --backend dask", param_hint=flag)
-    options: dict[str, Any] = {"workers": workers, "address": address, "wait_workers": wait_workers}
+    options: dict[str, Any] = {"workers": workers, "address": address, "wait_workers": wait_workers,
+                               "gpus_per_worker": gpus_per_worker}
     options = {k: v for k, v in options.items() if v is not None}
     if steal:
         options["steal"] = True

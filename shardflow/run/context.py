@@ -16,7 +16,7 @@ from shardflow.run.seeds import stable_seed
 from shardflow.run.task import Task
 from shardflow.storage import options as so
 
-SampleFn = Callable[[dict[str, Any]], Any]
+SampleFn = Callable[[Any], Any]  # fn(sample), fn(batch), or a run.worker_fn.PerWorker made per worker
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,12 @@ class TaskContext:
     storage_options: dict[str, Any] | None
     debug: bool = False  # the first failure raises its original exception (serial runs under pdb)
     limit: int | None = None  # input samples per task (a trial run: run.trial)
+    # batched and per-worker jobs (run/batch.py, run/worker_fn.py, run/devices.py)
+    identity: str = ""  # the job's, across pickling: the per-worker cache key of a PerWorker fn
+    batch_size: int | None = None  # None: fn(sample); N: fn(list of up to N samples)
+    collate: bool = False  # batches as a dict of columns (stacked where shapes agree)
+    device: str | None = None  # None / "cpu" / "cuda" / "auto"
+    fn_guard: Callable[[Any], Any] | None = None  # wraps the made fn on this worker (Dask: missing modules)
 
     def options_for(self, url: str) -> dict[str, Any]:
         """storage_options for `url`: flat, per-prefix (longest prefix wins), `${VAR}` resolved."""

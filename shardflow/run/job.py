@@ -7,15 +7,18 @@ directory; backends only decide where `run_task(task, job)` executes.
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any, Callable, Sequence
 
 from shardflow.errors import DEFAULT_ON_ERROR_JOB, JobError, check_on_error
 from shardflow.run import guard
+from shardflow.run.batch_options import BATCHING_SETTINGS, batching_context, check_batching, describe_batching
 from shardflow.run.context import TaskContext
 from shardflow.run.inputs import input_urls, input_views, job_decoder, views_setting
 from shardflow.run.naming import output_names
 from shardflow.run.rundir import RunDir
 from shardflow.run.task import Task
+from shardflow.run.worker_fn import PerWorker, per_worker
 from shardflow.shards.spec import is_spec
 from shardflow.storage import options as so
 
@@ -29,7 +32,19 @@ class ShardJob:
     raises SkipSample(reason). `outputs` is either a spec with one shard per task (matched by
     position) or a pattern with fields {task}, {name} (input shard name without .tar) and {part}
     (rollover part within a task).
+
+    fn may be a class: `fn_args`/`fn_kwargs` construct it once per worker process (a model loaded
+    once), then the instance is called. `batch_size=N` calls fn with a list of up to N decoded samples
+    (`collate=True`: a dict of columns) and takes back a list of samples or a dict of columns
+    (run/batch.py). `device` ("cpu", "cuda", "auto") is the device the job asks for (run/devices.py).
     """
+
+    # defaults for jobs pickled by versions without these settings (0.1.0 job.pkl)
+    batch_size: int | None = None
+    collate = False
+    device: str | None = None
+    _per_worker: PerWorker | None = None
+    _identity = ""
 
     def __init__(
         self,
@@ -53,12 +68,20 @@ class ShardJob:
         allow_pipe: bool = False,
         name: str | None = None,
         params: dict[str, Any] | None = None,
+        fn_args: Sequence[Any] = (),
+        fn_kwargs: dict[str, Any] | None = None,
+        batch_size: int | None = None,
+        collate: bool = False,
+        device: str | None = None,
     ) -> None:
         check_on_error(on_error, error=JobError)
         if inputs_per_task < 1:
             raise JobError("inputs_per_task must be >= 1")
-        if not callable(fn):
+        if not callable(fn) and not isinstance(fn, PerWorker):
             raise JobError(f"fn must be callable, got {type(fn).__name__}")
+        self._per_worker = per_worker(fn, tuple(fn_args), fn_kwargs)  # a class: made once per worker
+        self.batch_size, self.collate, self.device = check_batching(batch_size, collate, device)
+        self._identity = uuid.uuid4().hex  # travels with the pickled job: the per-worker cache key
         self.fn = fn
         self.inputs = inputs
         self.outputs = outputs
@@ -75,7 +98,7 @@ class ShardJob:
         self.retry_backoff = retry_backoff
         self.allow_pickle = allow_pickle
         self.allow_pipe = allow_pipe
-        self.name = name or getattr(fn, "__name__", "job")
+        self.name = name or getattr(fn, "__name__", None) or getattr(self._per_worker, "label", "job")
         self.params = params
         self._tasks: list[Task] | None = None
         self._decoder: Callable[[dict[str, Any]], dict[str, Any]] | None = None
@@ -118,11 +141,12 @@ class ShardJob:
     def task_context(self) -> TaskContext:
         """What run_task reads: the job's current settings with its cached codecs and run directory."""
         return TaskContext(
-            fn=self.fn, run_dir=self.rundir(), run_dir_url=self.run_dir, decoder=self.make_decoder(),
+            run_dir=self.rundir(), run_dir_url=self.run_dir, decoder=self.make_decoder(),
             encoder=self.make_encoder(), on_error=self.on_error, seed=self.seed, maxcount=self.maxcount,
             maxsize=self.maxsize, max_failure_rate=self.max_failure_rate, io_retries=self.io_retries,
             retry_backoff=self.retry_backoff, allow_pipe=self.allow_pipe, storage_options=self.storage_options,
             debug=getattr(self, "debug", False), limit=getattr(self, "limit", None),
+            **batching_context(self),
         )
 
     # -- the plan ------------------------------------------------------------------------------
@@ -145,7 +169,7 @@ class ShardJob:
             "maxcount": None if self.maxcount == UNLIMITED else self.maxcount,
             "maxsize": None if self.maxsize >= UNLIMITED else self.maxsize,
             "inputs_per_task": self.inputs_per_task, "max_failure_rate": self.max_failure_rate,
-            "params": self.params,
+            "params": self.params, **describe_batching(self),
         }
 
     def settings(self) -> dict[str, Any]:
@@ -153,7 +177,8 @@ class ShardJob:
         rerun into the same run directory with another decode/encode/seed/rollover/params is refused
         (unless forced) instead of mixing old and new outputs. Policies (on_error, retries) are left out."""
         described = self.describe()
-        keys = ("decode", "encode", "seed", "maxcount", "maxsize", "inputs_per_task", "params")
+        keys = ("decode", "encode", "seed", "maxcount", "maxsize", "inputs_per_task", "params",
+                *BATCHING_SETTINGS.intersection(described))
         chosen = {k: described[k] for k in keys}
         if is_spec(self.inputs):  # the collections' views shape the outputs too
             chosen["views"] = views_setting(input_views(self.inputs, self.options_for(_first(self.inputs))))
@@ -166,9 +191,10 @@ class ShardJob:
         if self.decode is None and not is_spec(self.inputs):
             return None
         if self._decoder is None:
-            from shardflow.codecs import Decoder
+            from shardflow.codecs.gpu import make_decoder
 
-            inner = Decoder(self.decode, allow_pickle=self.allow_pickle) if self.decode is not None else None
+            inner = (make_decoder(self.decode, allow_pickle=self.allow_pickle, device=self.device)
+                     if self.decode is not None else None)
             # a dataset spec's extensions / rename apply first (run/inputs.py)
             self._decoder = job_decoder(self.inputs, self.options_for(_first(self.inputs)), inner)
         return self._decoder

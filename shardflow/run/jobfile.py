@@ -48,11 +48,11 @@ import cloudpickle
 from shardflow.errors import JobError
 from shardflow.run import shell_jobfile
 from shardflow.run.job import ShardJob
+from shardflow.run.jobfile_fn import batch_defaults, job_function
 
 __all__ = [
     "JobFile", "load_job", "load_job_file", "job_from_file", "job_summary", "resolve_job_path", "builtin_jobs",
-    "parse_overrides",
-    "job_options", "BUILTIN_DIR",
+    "parse_overrides", "job_options", "BUILTIN_DIR",
 ]
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # shardflow/
@@ -183,7 +183,7 @@ def load_job_file(spec: str | os.PathLike[str]) -> JobFile:
 
 
 def _read_conventions(path: Path, module: types.ModuleType) -> JobFile:
-    fn = getattr(module, _FUNCTION, None)
+    fn = job_function(module, path)  # process / process_batch, with setup() when defined (jobfile_fn.py)
     if not callable(fn):
         public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
                         and getattr(v, "__module__", None) == module.__name__)
@@ -217,7 +217,7 @@ def _read_conventions(path: Path, module: types.ModuleType) -> JobFile:
         bad = sorted(repr(k) for k in params if not isinstance(k, str) or not k or "." in k or "=" in k)
         if bad:
             raise JobError(f"job file {path}: PARAMS keys must be non-empty str without '.' or '=': {', '.join(bad)}")
-    return JobFile(path, module, fn, defaults, params, module.__doc__ or "")
+    return JobFile(path, module, fn, batch_defaults(module, defaults), params, module.__doc__ or "")
 
 
 # -- overrides -----------------------------------------------------------------------------------

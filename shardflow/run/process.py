@@ -8,7 +8,7 @@ as the input's own bytes (no lossy re-encode of an unchanged JPEG).
 from __future__ import annotations
 
 import types
-from typing import Any
+from typing import Any, Callable
 
 from shardflow.errors import JobError, SkipSample
 from shardflow.run.context import TaskContext
@@ -21,8 +21,10 @@ from shardflow.shards.keys import Sample, check_key
 class SampleProcessor:
     """Per-sample steps of a task with the job's error policy applied to each."""
 
-    def __init__(self, context: TaskContext, stats: Stats, failures: SampleFailures) -> None:
+    def __init__(self, context: TaskContext, stats: Stats, failures: SampleFailures,
+                 fn: Callable[[Sample], Any] | None = None) -> None:
         self.context = context
+        self.fn = fn if fn is not None else context.fn  # made once per worker (run/worker_fn.py)
         self.stats = stats
         self.failures = failures
         self.produced_by: dict[str, str] = {}  # output key -> input key, to name both on a clash
@@ -38,7 +40,7 @@ class SampleProcessor:
             return []
         seed_globals(stable_seed(self.context.seed, key))
         try:
-            outputs = as_outputs(self.context.fn(decoded), key)
+            outputs = as_outputs(self.fn(decoded), key)
         except SkipSample as skip:
             self.stats.skipped += 1
             self.stats.skip_reasons[skip.reason] += 1

@@ -11,9 +11,20 @@ from __future__ import annotations
 
 import time
 import traceback
+from itertools import islice
 from typing import Any, Callable
 
-from shardflow.errors import RAISE, SKIP, FailureKind, FormatError, SampleError, ShardflowError, ShardIOError
+from shardflow.errors import (
+    RAISE,
+    SKIP,
+    FailureKind,
+    FormatError,
+    JobError,
+    SampleError,
+    ShardflowError,
+    ShardIOError,
+)
+from shardflow.run.batch import BatchProcessor, make_processor
 from shardflow.run.context import TaskContext
 from shardflow.run.failures import SampleFailures, TaskFailed, missing_input
 from shardflow.run.process import SampleProcessor
@@ -72,7 +83,7 @@ def _attempt(task: Task, context: TaskContext, progress: Progress | None) -> Tas
     stats = Stats()
     failures = SampleFailures(task.id, stats, context.on_error, context.max_failure_rate, debug=context.debug)
     try:
-        infos = _stream_task(task, context, SampleProcessor(context, stats, failures), progress)
+        infos = _stream_task(task, context, _processor(context, stats, failures), progress)
     except TaskFailed:
         context.run_dir.write_errors(task.id, failures.errors)
         raise
@@ -106,7 +117,15 @@ class _ProgressBatcher:
         self.pending = 0
 
 
-def _stream_task(task: Task, context: TaskContext, processor: SampleProcessor,
+def _processor(context: TaskContext, stats: Stats, failures: SampleFailures) -> SampleProcessor | BatchProcessor:
+    """The task's processor; a job whose setup or device fails on this worker fails the task once, clearly."""
+    try:
+        return make_processor(context, stats, failures)
+    except JobError as exc:  # SetupError, no CUDA: the same on every task of this worker, so stop the run
+        raise TaskFailed(str(exc), FailureKind.USER) from exc
+
+
+def _stream_task(task: Task, context: TaskContext, processor: SampleProcessor | BatchProcessor,
                  progress: Progress | None) -> list[ShardInfo]:
     """Stream every input of the task through the processor into the task's output shards."""
     tag = context.temp_tag(task)
@@ -124,7 +143,7 @@ def _stream_task(task: Task, context: TaskContext, processor: SampleProcessor,
     return infos
 
 
-def _stream_input(url: str, context: TaskContext, processor: SampleProcessor, writer: ShardWriter,
+def _stream_input(url: str, context: TaskContext, processor: SampleProcessor | BatchProcessor, writer: ShardWriter,
                   counter: _ProgressBatcher) -> None:
     """One input shard of a task: its samples processed and written, its bytes counted."""
     stats, failures = processor.stats, processor.failures
@@ -137,8 +156,12 @@ def _stream_input(url: str, context: TaskContext, processor: SampleProcessor, wr
 
     samples = read_samples(counted, url, on_error=policy, report=report)
     arrange = getattr(context.fn, "arrange_samples", None)  # the fn's stream stage: sort, commands run ahead
+    batched = isinstance(processor, BatchProcessor)
     try:
-        for sample in arrange(samples) if arrange is not None else samples:
+        if batched:  # fn over batches; read and write run in threads beside it (run/batch.py)
+            processor.write_all(lambda rep: islice(read_samples(counted, url, on_error=policy, report=rep),
+                                                   context.limit), url, writer, counter.add)
+        for sample in () if batched else arrange(samples) if arrange is not None else samples:
             if context.limit is not None and stats.samples_in >= context.limit:
                 break  # a trial run (--limit): the task ends after its first samples
             stats.samples_in += 1

@@ -74,3 +74,19 @@ def seed_globals(seed: int) -> None:
         cuda = sys.modules.get("torch.cuda")
         if cuda is not None and cuda.is_initialized():
             cuda.manual_seed_all(seed)
+
+
+def device_rng(sample: dict[str, Any], device: Any = None) -> Any:
+    """A torch.Generator for this sample on `device` (default: this worker's, "cuda" or "cpu"), seeded
+    like sample_rng: random ops on the GPU (torch.rand(..., device=, generator=)) repeat on rerun.
+
+    The global CUDA generators are seeded too (seed_globals, when CUDA is initialised), but a
+    generator per sample does not depend on batching or on the order ops run in.
+    """
+    import torch
+
+    if device is None:
+        from shardflow.run.devices import worker_device
+
+        device = worker_device()
+    return torch.Generator(device=device).manual_seed(sample_seed(sample))

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from shardflow.backends.dask.on_worker import run_on_worker, worker_check
 from shardflow.backends.dask.paths import absolute, absolute_task, input_probes
+from shardflow.backends.dask.resources import check_resources, task_resources
 from shardflow.backends.dask.waiting import wait_for_workers
 from shardflow.backends.dask.wire import dumps_job, missing_module_message
 from shardflow.errors import FailureKind, JobError
@@ -152,7 +153,8 @@ def _record(job: "ShardJob", task: Task, result: TaskResult) -> TaskResult:
 def execute_dask(job: "ShardJob", tasks: list[Task], progress: Progress, *, address: str | None = None,
                  client: Any = None, workers: int | None = None, threads_per_worker: int = 1,
                  max_in_flight: int | None = None, dashboard_address: str | None = ":8787",
-                 connect_timeout: float = 30.0, wait_workers: float | None = None) -> Iterator[TaskResult]:
+                 connect_timeout: float = 30.0, wait_workers: float | None = None,
+                 gpus_per_worker: int | None = None) -> Iterator[TaskResult]:
     """Run tasks on a Dask cluster and yield their results as they finish.
 
     address:            scheduler address (`tcp://host:8786`) of a running cluster.
@@ -163,6 +165,8 @@ def execute_dask(job: "ShardJob", tasks: list[Task], progress: Progress, *, addr
     dashboard_address:  where a LocalCluster serves its dashboard.
     connect_timeout:    seconds to wait for the scheduler at `address`.
     wait_workers:       seconds to wait for a first worker (default: for ever, saying so on stderr).
+    gpus_per_worker:    GPUs each task asks for as the worker resource "GPU" (default 1 for
+                        device="cuda"; only on a cluster given by address or client): docs/gpu.md.
     """
     if not tasks:
         return  # nothing pending: no cluster to start
@@ -175,10 +179,12 @@ def execute_dask(job: "ShardJob", tasks: list[Task], progress: Progress, *, addr
     client, cluster, scheduler = _connect(address, client, workers, threads_per_worker, dashboard_address,
                                           connect_timeout)
     run = _DaskRun(job, tasks, progress, client, scheduler, max_in_flight)
+    run.resources = None if cluster is not None else task_resources(job, gpus_per_worker)
     try:
         _print_dashboard(client)
         wait_for_workers(client, scheduler, wait_workers)
         _preflight(client, job, tasks)
+        check_resources(client, run.resources)
         run.publish_job()
         yield from run.results()
     finally:
@@ -205,6 +211,7 @@ class _DaskRun:
         self.subscribed = False
         self.token = ""
         self.job_name = f"shardflow-{_safe_name(job.name)}-job-{run_id}"
+        self.resources: dict[str, float] | None = None  # {"GPU": n} for GPU jobs (resources.py)
 
     def publish_job(self) -> None:
         """The job goes to the scheduler once; each worker fetches it once, on its first task (workers
@@ -236,7 +243,7 @@ class _DaskRun:
         futures = self.client.map(
             run_on_worker, batch, token=self.token, variable=self.job_variable.name, topic=self.topic,
             key=[f"{self.prefix}-{task.id:06d}" for task in batch],
-            priority=-(len(self.tasks) - len(self.remaining)), pure=False, retries=0)
+            priority=-(len(self.tasks) - len(self.remaining)), pure=False, retries=0, resources=self.resources)
         for future, task in zip(futures, batch):
             self.running[future.key] = (future, task)
             future.add_done_callback(lambda f: self.events.put((_DONE, f.key)))

@@ -73,7 +73,7 @@ def _fetch_job(token: str, variable: str) -> Any:
             blob = Variable(variable, client=get_client()).get(timeout=120)
             _limit_threads()  # before the job's modules (torch) load: they read the variables
             job = cloudpickle.loads(blob)
-            job.fn = _ImportGuard(job.fn)
+            job.fn_guard = _ImportGuard  # wraps fn as made on this worker (a class: once, by run_task)
             _worker_jobs.clear()  # keep only the current run's job
             _worker_jobs[token] = job
         return job

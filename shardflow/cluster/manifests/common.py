@@ -68,6 +68,7 @@ class ClusterOptions:
     fingerprint: str | None = None  # label naming what the run computes (extras.run_fingerprint)
     unique: str = ""  # suffix of the Kubernetes Job name, new on every render, so reruns never collide
     retry_max_duration: str | None = None  # Argo backoff.maxDuration (counted from the FIRST attempt)
+    gpus: int = 0  # nvidia.com/gpu limit per pod (docs/gpu.md)
 
     def __post_init__(self) -> None:
         if self.tasks < 1:
@@ -152,6 +153,8 @@ def container(opts: ClusterOptions, args: list[str]) -> dict[str, Any]:
     if opts.secrets:
         spec["envFrom"] = [{"secretRef": {"name": s}} for s in opts.secrets]
     spec["resources"] = {"requests": {"cpu": opts.cpu, "memory": opts.memory}, "limits": {"memory": opts.memory}}
+    if opts.gpus:  # an extended resource: the limit alone is the request too
+        spec["resources"]["limits"]["nvidia.com/gpu"] = str(opts.gpus)  # a quantity (hera: a string)
     spec["securityContext"] = {
         "allowPrivilegeEscalation": False,
         "readOnlyRootFilesystem": True,

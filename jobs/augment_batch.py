@@ -1,0 +1,1 @@
+../shardflow/jobs_builtin/augment_batch.py

@@ -1,0 +1,1 @@
+../shardflow/jobs_builtin/features.py
