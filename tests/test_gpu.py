@@ -136,7 +136,8 @@ def test_manifests_carry_the_gpu_limit(tmp_path: Path, kind):
 
     make_k8s_shards(tmp_path / "in", 2, 2)
     args = [kind, str(write_job_file(tmp_path)), "--inputs", str(tmp_path / "in" / "in-{000000..000001}.tar"),
-            "--outputs", f"{tmp_path}/out/{{name}}.tar", "--image", "img:1", "--gpus", "2"]
+            "--outputs", f"{tmp_path}/out/{{name}}.tar", "--image", "img:1", "--gpus", "2",
+            "--pvc", f"data:{tmp_path}"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     doc = yaml.safe_load(result.stdout)
@@ -249,7 +250,13 @@ def test_gpu_jpeg_pixels_round_like_the_cpu_encoder():
     from shardflow.codecs.gpu import _uint8
     from shardflow.codecs.images import _float_to_uint8
 
-    values = torch.tensor([[[-0.5, 0.0, 0.5 / 255, 1.5 / 255, 0.5, 1.0, 1.7, float("nan")]]])
+    values = torch.tensor([[[-0.4 / 255, 0.0, 0.5 / 255, 1.5 / 255, 0.5, 1.0, 1 + 0.4 / 255, float("nan")]]])
     assert _uint8(values, torch).numpy().tolist() == _float_to_uint8(values.numpy().copy()).tolist()
     assert _uint8(torch.ones(1, 2, 2, dtype=torch.uint8), torch).dtype == torch.uint8
     assert np.array_equal(_uint8(values, torch).numpy()[0, 0, :2], [0, 0])
+    for outside in (torch.tensor([[[0.2, 1.7]]]), torch.tensor([[[-0.5, 0.5]]])):  # forgot /255; [-1, 1] data
+        with pytest.raises(ValueError, match=r"float pixels must be in \[0, 1\]") as gpu_error:
+            _uint8(outside, torch)
+        with pytest.raises(ValueError) as cpu_error:
+            _float_to_uint8(outside.numpy().copy())
+        assert str(gpu_error.value) == str(cpu_error.value)

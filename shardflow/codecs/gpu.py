@@ -19,6 +19,7 @@ import sys
 from typing import Any, Callable, Sequence
 
 from shardflow.codecs.decoder import Decoder
+from shardflow.codecs.images import FLOAT_TOLERANCE, _check_float_range
 from shardflow.codecs.tensors import is_tensor
 from shardflow.errors import DecodeError, JobError
 
@@ -166,6 +167,12 @@ def encode_on_device(samples: list[dict[str, Any]], quality: int) -> list[dict[s
 
 
 def _uint8(image: Any, torch: Any) -> Any:
+    """Float [0, 1] -> uint8 on the tensor's device, with the CPU encoder's rule: rounding, NaN -> 0, and
+    values outside [0, 1] beyond half a grey level refused (a forgotten /255 is an error, not white)."""
     if image.dtype == torch.uint8:
         return image.contiguous()
-    return image.float().mul(255).round_().nan_to_num_(0).clamp_(0, 255).to(torch.uint8).contiguous()
+    work = image.float()
+    finite = work.nan_to_num(0.5)
+    if finite.numel() and (finite.amin().item() < -FLOAT_TOLERANCE or finite.amax().item() > 1 + FLOAT_TOLERANCE):
+        _check_float_range(work.detach().cpu().numpy())  # raises, with the CPU encoder's message
+    return work.mul(255).round_().nan_to_num_(0).clamp_(0, 255).to(torch.uint8).contiguous()
