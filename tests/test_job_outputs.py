@@ -132,3 +132,10 @@ def test_bad_patterns_are_explained(shards, tmp_path):
         sf.ShardJob(_copy, spec(shards, "in", 3), str(tmp_path / "out-{part}.tar")).plan()
     with pytest.raises(JobError, match=r"unknown field \{shard\}; use \{task\}, \{name\}, \{part\}"):
         sf.ShardJob(_copy, spec(shards, "in", 3), str(tmp_path / "{shard}-{task}.tar")).plan()
+
+
+@pytest.mark.parametrize("suffix", [".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar", ".cbors"])
+def test_name_drops_every_shard_suffix_it_reads(suffix):
+    from shardflow.run.naming import shard_stem
+
+    assert shard_stem(f"s3://b/dir/train-000003{suffix}") == "train-000003"

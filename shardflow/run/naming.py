@@ -16,7 +16,8 @@ import braceexpand
 from shardflow.errors import JobError
 
 _FIELD = re.compile(r"\{(task|name|part)(?:[:!][^}]*)?\}")
-_TAR_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".cbors", ".msgpacks", ".mps")  # record streams too
+_TAR_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar",  # read compressed (bz2, xz too)
+                 ".cbors", ".msgpacks", ".mps")  # and record streams
 
 
 def shard_stem(url: str) -> str:
