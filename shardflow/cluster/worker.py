@@ -32,6 +32,7 @@ from shardflow.errors import JobError
 from shardflow.run.report import RunReport, build_report
 from shardflow.run.run_task import run_task
 from shardflow.run.rundir import RunDir, task_name
+from shardflow.run.summaries import block_of, write_block
 from shardflow.run.task import Task, TaskResult
 from shardflow.storage import options as so
 
@@ -158,6 +159,9 @@ def _run_chunk(url: str, index: int, tasks_per_index: int, storage_options: dict
             break
     code = chunk_exit_code(results, job.on_error)
     done = sum(r.ok for r in results)
+    if done == len(chunk.task_ids):  # the whole chunk is done: status and finalize read one file for it
+        with contextlib.suppress(Exception):  # best effort: without it they read the chunk's markers
+            write_block(job.rundir(), block_of(chunk.first, chunk.stop, ((r.stats, r.outputs) for r in results)))
     _log(out, f"index {index}: {done}/{len(chunk.task_ids)} tasks done in {time.perf_counter() - started:.1f} s "
               f"-> exit {code} ({EXIT_CODES[code]})")
     return code

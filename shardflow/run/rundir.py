@@ -18,14 +18,14 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import os
 from typing import Any, Iterable
 
 import cloudpickle
 
 from shardflow.errors import JobError
+from shardflow.run.listing import OWN_FOLDERS, SUMMARIES, TEMP_TAG, list_folder, read_files, remove_own_temps
 from shardflow.run.task import Task, TaskResult
-from shardflow.storage.atomic import is_temp_name, write_local_atomic
+from shardflow.storage.atomic import write_local_atomic
 from shardflow.storage.options import redact, strip_redacted
 from shardflow.storage.paths import filesystem, is_local
 
@@ -82,7 +82,7 @@ class RunDir:
         """Write a file so that readers see the old content or the new, never a mix."""
         path = self._path(name)
         if self._local:
-            write_local_atomic(path, data)
+            write_local_atomic(path, data, tag=TEMP_TAG)
         else:
             self.fs.pipe_file(path, data)  # one PUT: object stores publish it whole or not at all
 
@@ -105,13 +105,15 @@ class RunDir:
             pass
 
     def list_names(self, folder: str) -> list[str]:
-        """Base names in `folder` (one listing, empty when it does not exist)."""
-        try:
-            entries = self.fs.ls(self._path(folder), detail=False)
-        except FileNotFoundError:
-            return []
-        names = [e.rstrip("/").rsplit("/", 1)[-1] for e in entries]
-        return sorted(n for n in names if not n.startswith("."))
+        """Base names in `folder`: one (paginated) listing, empty when it does not exist.
+
+        The listing is not kept in the filesystem's cache: s3fs scans a cached listing linearly before
+        each later read of a file in it, so N markers read after listing cost O(N^2)."""
+        return list_folder(self.fs, self._path(folder), local=self._local)
+
+    def read_many(self, names: list[str], *, parse: bool = True) -> list[Any]:
+        """Several files, in order (fetched concurrently on object stores); None for one that is gone."""
+        return read_files(self.fs, [self._path(n) for n in names], local=self._local, parse=parse)
 
     # -- plan ----------------------------------------------------------------------------------
     def init_plan(self, plan: dict[str, Any], *, force: bool = False) -> None:
@@ -131,24 +133,15 @@ class RunDir:
         self.write_json("plan.json", plan)
 
     def remove_stale_temps(self) -> int:
-        """Delete temp files that a killed writer left in the run directory (local run dirs only: object
-        stores get single PUTs). Call it where one driver owns the run dir (job.prepare), not from workers."""
-        if not self._local or not os.path.isdir(self.path):
-            return 0
-        removed = 0
-        for folder, _, names in os.walk(self.path):
-            for name in names:
-                if is_temp_name(name):
-                    try:
-                        os.unlink(os.path.join(folder, name))
-                        removed += 1
-                    except FileNotFoundError:
-                        pass
-        return removed
+        """Delete the temps a killed writer of this run directory left (local run dirs only: object stores
+        get single PUTs). Only shardflow's own exact temp form with the run directory's tag, and only in
+        the folders it writes (another program's `.db.tmp-journal` beside them is left alone). Call it
+        where one driver owns the run dir (job.prepare), not from workers."""
+        return remove_own_temps(self.path, OWN_FOLDERS, TEMP_TAG) if self._local else 0
 
     def reset(self) -> None:
-        """Forget all progress (markers, failures, error logs, summary)."""
-        for folder in ("done", "failed", "errors"):
+        """Forget all progress (markers, failures, error logs, summaries)."""
+        for folder in ("done", "failed", "errors", SUMMARIES):
             for name in self.list_names(folder):
                 self.remove(f"{folder}/{name}")
         self.remove("summary.json")

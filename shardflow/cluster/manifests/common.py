@@ -24,8 +24,12 @@ if TYPE_CHECKING:
 
 CONTAINER = "worker"
 UID = 10001  # the image's non-root user (docker/Dockerfile)
-MAX_INDEXES = 100_000  # Kubernetes' limit on completions of an Indexed Job
+# Kubernetes allows more completions only with parallelism and maxFailedIndexes <= 10,000 (docs/kubernetes.md)
+MAX_INDEXES = 100_000
 AUTO_INDEXES = {"kubernetes": 10_000, "argo": 2_000}  # auto --tasks-per-pod keeps chunks under these
+# Hard caps whatever --tasks-per-pod says: an Argo Workflow's status grows per node (over 1 MiB from
+# ~9,500 items) and node ids (FNV hashes of names) collide at ~100k; the chunk size is raised instead.
+MAX_FANOUT = {"argo": 2_000}
 _DNS_LABEL = re.compile(r"[^a-z0-9-]+")
 
 __all__ = ["ClusterOptions", "EXIT_BAD_INPUT", "EXIT_RETRY", "EXIT_STOP", "dump", "from_job"]
@@ -74,6 +78,9 @@ class ClusterOptions:
     def per_pod(self, kind: str) -> int:
         """Tasks per index: as given, else the fewest that keep the index count under AUTO_INDEXES."""
         per = self.tasks_per_pod or max(1, math.ceil(self.tasks / AUTO_INDEXES[kind]))
+        cap = MAX_FANOUT.get(kind)
+        if cap is not None and chunk_count(self.tasks, per) > cap:
+            per = math.ceil(self.tasks / cap)  # raised: render_options' header says so
         if chunk_count(self.tasks, per) > MAX_INDEXES:
             raise JobError(f"{self.tasks} tasks at {per} per pod need more than {MAX_INDEXES} indexes; "
                            f"use --tasks-per-pod {math.ceil(self.tasks / MAX_INDEXES)} or more")
