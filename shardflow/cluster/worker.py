@@ -33,7 +33,7 @@ from shardflow.run.report import RunReport, build_report
 from shardflow.run.run_task import run_task
 from shardflow.run.rundir import RunDir, task_name
 from shardflow.run.summaries import block_of, write_block
-from shardflow.run.task import Task, TaskResult
+from shardflow.run.task import TaskResult
 from shardflow.storage import options as so
 
 
@@ -138,12 +138,10 @@ def _run_chunk(url: str, index: int, tasks_per_index: int, storage_options: dict
                out: TextIO) -> int:
     started = time.perf_counter()
     run_dir, plan = open_run_dir(url, storage_options)
-    tasks = plan.get("tasks", [])
-    chunk = chunk_of(index, tasks_per_index, len(tasks))
+    chunk = chunk_of(index, tasks_per_index, run_dir.task_count(plan))
     job = load_run_job(run_dir, rebind=storage_options is None)
     results: list[TaskResult] = []
-    for task_id in chunk.task_ids:
-        task = Task.from_json(tasks[task_id])
+    for task in run_dir.load_tasks(plan, chunk.task_ids):  # only this chunk's part of the plan is read
         try:
             result = run_task(task, job)  # records task failures itself; what escapes is run-dir trouble
         except Exception as exc:  # noqa: BLE001 - the run directory went away mid-chunk
@@ -199,7 +197,7 @@ def finalize(url: str, *, storage_options: dict[str, Any] | None = None, out: Te
 def write_summary(run_dir: RunDir, plan: dict[str, Any] | None = None) -> RunReport:
     """summary.json rebuilt from the markers alone (after pods, whatever ran them); returns the RunReport."""
     plan = plan if plan is not None else run_dir.load_plan()
-    task_ids = [int(t["id"]) for t in plan.get("tasks", [])]
+    task_ids = list(range(run_dir.task_count(plan)))
     done = run_dir.done_ids()
     results: dict[int, TaskResult] = {}
     for task_id in sorted(run_dir.failed_ids() - done):

@@ -16,37 +16,34 @@ crash never leaves a truncated JSON that breaks resume.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import cloudpickle
 
 from shardflow.errors import JobError
 from shardflow.run.listing import OWN_FOLDERS, SUMMARIES, TEMP_TAG, list_folder, read_files, remove_own_temps
+from shardflow.run.plan_store import (  # noqa: F401 - PLAN_VERSION, plan_fingerprint: public names here
+    PLAN_VERSION,
+    load_tasks,
+    plan_fingerprint,
+    store_plan,
+    task_count,
+    task_jsons,
+)
 from shardflow.run.task import Task, TaskResult
 from shardflow.storage.atomic import write_local_atomic
 from shardflow.storage.options import redact, strip_redacted
 from shardflow.storage.paths import filesystem, is_local
-
-PLAN_VERSION = 1
 
 
 def task_name(task_id: int) -> str:
     return f"{task_id:06d}"
 
 
-def plan_fingerprint(tasks: list[dict[str, Any]], settings: dict[str, Any] | None = None) -> str:
-    """Stable digest of the task list (and of the job settings that shape the outputs, when given):
-    a rerun into the same run dir must plan the same tasks with the same settings."""
-    obj: Any = tasks if settings is None else {"tasks": tasks, "settings": settings}
-    text = json.dumps(obj, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 def _plan_difference(old: dict[str, Any], new: dict[str, Any]) -> str:
     """What differs between two plans, in a few words for the refusal message."""
-    old_tasks, new_tasks = old.get("tasks", []), new.get("tasks", [])
+    old_tasks, new_tasks = old["tasks"], new.get("tasks", [])  # old: its tasks loaded (plan_store.task_jsons)
     if old_tasks != new_tasks:
         if len(old_tasks) != len(new_tasks):
             return f"{len(old_tasks)} tasks there, {len(new_tasks)} now"
@@ -119,18 +116,26 @@ class RunDir:
     def init_plan(self, plan: dict[str, Any], *, force: bool = False) -> None:
         """Write the plan once; refuse a different plan unless forced (then start over)."""
         fingerprint = plan_fingerprint(plan["tasks"], plan.get("settings"))
-        plan = {**plan, "version": PLAN_VERSION, "fingerprint": fingerprint}
         if self.exists("plan.json"):
             old = self.read_json("plan.json")
             if old.get("fingerprint") == fingerprint:
                 return
             if not force:
+                old = {**old, "tasks": list(task_jsons(self, old))}
                 raise JobError(
                     f"run directory {self.url} holds a different plan ({_plan_difference(old, plan)}); "
                     "use another run_dir, or force=True (--force) to discard its progress and start over"
                 )
             self.reset()
-        self.write_json("plan.json", plan)
+        store_plan(self, plan, fingerprint)  # plan.json (+ plan/chunk-*.json when names follow no numbering)
+
+    def task_count(self, plan: dict[str, Any]) -> int:
+        """How many tasks the stored `plan` (from load_plan) has."""
+        return task_count(plan)
+
+    def load_tasks(self, plan: dict[str, Any], ids: Iterable[int]) -> Iterator[Task]:
+        """The tasks `ids` (in order) of the stored `plan`, reading O(len(ids)) bytes of the run directory."""
+        return load_tasks(self, plan, ids)
 
     def remove_stale_temps(self) -> int:
         """Delete the temps a killed writer of this run directory left (local run dirs only: object stores
@@ -141,7 +146,7 @@ class RunDir:
 
     def reset(self) -> None:
         """Forget all progress (markers, failures, error logs, summaries)."""
-        for folder in ("done", "failed", "errors", SUMMARIES):
+        for folder in ("done", "failed", "errors", SUMMARIES, "plan"):
             for name in self.list_names(folder):
                 self.remove(f"{folder}/{name}")
         self.remove("summary.json")

@@ -86,7 +86,7 @@ def read_status(url: str, storage_options: dict[str, Any] | None = None, *, exam
     """Read a run directory (plan, markers, failures, error logs) into a RunStatus; never reads outputs."""
     run_dir = RunDir(url, storage_options)
     plan = run_dir.load_plan()
-    task_ids = [int(t["id"]) for t in plan.get("tasks", [])]
+    task_ids = list(range(run_dir.task_count(plan)))
     done_ids = run_dir.done_ids() & set(task_ids)
     failed_ids = (run_dir.failed_ids() & set(task_ids)) - done_ids
     stats, shards = merged_done(run_dir, len(task_ids), done_ids)  # summaries, markers where none
