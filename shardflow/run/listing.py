@@ -13,6 +13,7 @@ import os
 from typing import Any, Iterator
 
 from shardflow.storage.atomic import is_own_temp
+from shardflow.storage.paths import fs_protocols
 
 TEMP_TAG = "sfrun"  # the tag in run-directory temp names: `.<name>.tmp-sfrun-<12 hex>`
 SUMMARIES = "summaries"  # per-chunk summaries (run.summaries)
@@ -49,9 +50,15 @@ def iter_files(fs: Any, paths: list[str], *, local: bool, parse: bool = True) ->
         return
     for start in range(0, len(paths), READ_BATCH):
         batch = paths[start : start + READ_BATCH]
-        found = {fs._strip_protocol(k): v for k, v in fs.cat(batch, on_error="omit").items()}
+        found = {fs._strip_protocol(k): v for k, v in fs.cat(batch, on_error="omit", **cat_options(fs)).items()}
         for path in batch:
             yield _decode(found.get(fs._strip_protocol(path)), parse)
+
+
+def cat_options(fs: Any) -> dict[str, Any]:
+    """Keyword arguments for reading a small file in one request: s3fs would first HEAD every file to
+    decide whether to fetch it in parallel ranges (two requests per marker)."""
+    return {"max_concurrency": 1} if "s3" in fs_protocols(fs) else {}
 
 
 def read_files(fs: Any, paths: list[str], *, local: bool, parse: bool = True) -> list[Any]:

@@ -22,7 +22,15 @@ from typing import Any, Iterable, Iterator
 import cloudpickle
 
 from shardflow.errors import JobError
-from shardflow.run.listing import OWN_FOLDERS, SUMMARIES, TEMP_TAG, list_folder, read_files, remove_own_temps
+from shardflow.run.listing import (
+    OWN_FOLDERS,
+    SUMMARIES,
+    TEMP_TAG,
+    cat_options,
+    list_folder,
+    read_files,
+    remove_own_temps,
+)
 from shardflow.run.plan_store import (  # noqa: F401 - PLAN_VERSION, plan_fingerprint: public names here
     PLAN_VERSION,
     load_tasks,
@@ -84,7 +92,7 @@ class RunDir:
             self.fs.pipe_file(path, data)  # one PUT: object stores publish it whole or not at all
 
     def read_bytes(self, name: str) -> bytes:
-        return self.fs.cat_file(self._path(name))
+        return self.fs.cat_file(self._path(name), **cat_options(self.fs))
 
     def write_json(self, name: str, obj: Any) -> None:
         self.write_bytes(name, json.dumps(obj, indent=1, sort_keys=True).encode())
