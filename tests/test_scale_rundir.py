@@ -160,3 +160,20 @@ def test_argo_fan_out_is_capped_at_a_million_tasks_whatever_tasks_per_pod_says(p
     assert count <= 2_000 and count * opts.per_pod("argo") >= 1_000_000
     if per is None or per >= 10:
         assert opts.per_pod("kubernetes") == (per or 100)  # a Kubernetes Job keeps what it is given
+
+
+def test_a_task_done_on_s3_deletes_no_record_that_is_not_there(s3_server, s3_bucket):
+    rd = RunDir(f"{s3_bucket}/rd", s3_server.storage_options)
+    rd.fs.connect()
+    deletes: list[str] = []
+    rd.fs.s3.meta.events.register("before-send.s3", lambda request=None, **_: deletes.append(request.url)
+                                  if request.method in ("DELETE", "POST") else None)
+    rd.write_errors(0, [])
+    rd.mark_done(0, {"task": 0, "outputs": [], "stats": {}})
+    assert deletes == []  # 0.1.0: two DELETEs (failed/000000.json, errors/000000.jsonl) per task
+    RunDir(f"{s3_bucket}/rd", s3_server.storage_options).mark_failed(1, {"task": 1, "error": "x"})  # elsewhere
+    retry = RunDir(f"{s3_bucket}/rd", s3_server.storage_options)  # the retry, in another process
+    retry.write_errors(1, [{"key": "a"}])
+    retry.write_errors(1, [])
+    retry.mark_done(1, {"task": 1, "outputs": [], "stats": {}})
+    assert retry.failed_ids() == set() and retry.list_names("errors") == []

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from shardflow.storage.atomic import is_own_temp
 from shardflow.storage.paths import fs_protocols
@@ -36,7 +36,8 @@ def list_folder(fs: Any, path: str, *, local: bool) -> list[str]:
         return []
     finally:
         fs.invalidate_cache(path)  # and N cached entries would be scanned before every later read
-    names = (e.rstrip("/").rsplit("/", 1)[-1] for e in entries)
+    own = path.rstrip("/")  # some stores list an emptied folder as itself
+    names = (e.rstrip("/").rsplit("/", 1)[-1] for e in entries if e.rstrip("/") != own)
     return sorted(n for n in names if n and not n.startswith("."))
 
 
@@ -95,3 +96,29 @@ def remove_own_temps(root: str, folders: tuple[str, ...], tag: str) -> int:
             except FileNotFoundError:
                 pass
     return removed
+
+
+class KnownNames:
+    """What this process knows is in a few run-dir folders: each listed once, then kept up to date with
+    this process's own writes. Lets a task skip the DELETE of a failure record or an error log that
+    does not exist (two requests per task on object stores). A record another process wrote after the
+    listing may then stay beside a done marker: readers let the done marker win."""
+
+    def __init__(self, lister: Callable[[str], list[str]]) -> None:
+        self._lister = lister
+        self._folders: dict[str, set[str]] = {}
+
+    def may_exist(self, name: str) -> bool:
+        folder, _, base = name.rpartition("/")
+        if folder not in self._folders:
+            self._folders[folder] = set(self._lister(folder))
+        return base in self._folders[folder]
+
+    def add(self, name: str) -> None:
+        folder, _, base = name.rpartition("/")
+        if folder in self._folders:
+            self._folders[folder].add(base)
+
+    def discard(self, name: str) -> None:
+        folder, _, base = name.rpartition("/")
+        self._folders.get(folder, set()).discard(base)

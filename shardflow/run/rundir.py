@@ -26,6 +26,7 @@ from shardflow.run.listing import (
     OWN_FOLDERS,
     SUMMARIES,
     TEMP_TAG,
+    KnownNames,
     cat_options,
     list_folder,
     read_files,
@@ -78,6 +79,15 @@ class RunDir:
         self.storage_options = storage_options
         self.fs, self.path = filesystem(self.url, storage_options)
         self._local = is_local(self.url)
+        self._known = None if self._local else KnownNames(self.list_names)  # local deletes cost no request
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_known": None if self._local else KnownNames(self.list_names)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if not self._local:
+            self._known = KnownNames(self.list_names)
 
     def _path(self, name: str) -> str:
         return f"{self.path}/{name}"
@@ -90,6 +100,8 @@ class RunDir:
             write_local_atomic(path, data, tag=TEMP_TAG)
         else:
             self.fs.pipe_file(path, data)  # one PUT: object stores publish it whole or not at all
+            if self._known is not None:
+                self._known.add(name)
 
     def read_bytes(self, name: str) -> bytes:
         return self.fs.cat_file(self._path(name), **cat_options(self.fs))
@@ -104,10 +116,17 @@ class RunDir:
         return self.fs.exists(self._path(name))
 
     def remove(self, name: str) -> None:
+        if self._known is not None:
+            self._known.discard(name)
         try:
             self.fs.rm(self._path(name))
         except FileNotFoundError:
             pass
+
+    def remove_if_present(self, name: str) -> None:
+        """remove(name), with no request when this process's listing of the folder says it is absent."""
+        if self._known is None or self._known.may_exist(name):
+            self.remove(name)
 
     def list_names(self, folder: str) -> list[str]:
         """Base names in `folder`: one (paginated) listing, empty when it does not exist.
@@ -190,7 +209,7 @@ class RunDir:
 
     def mark_done(self, task_id: int, record: dict[str, Any]) -> None:
         self.write_json(f"done/{task_name(task_id)}.json", record)
-        self.remove(f"failed/{task_name(task_id)}.json")
+        self.remove_if_present(f"failed/{task_name(task_id)}.json")
 
     def mark_failed(self, task_id: int, record: dict[str, Any]) -> None:
         self.write_json(f"failed/{task_name(task_id)}.json", record)
@@ -206,4 +225,4 @@ class RunDir:
         if lines:
             self.write_bytes(name, lines.encode())
         else:
-            self.remove(name)
+            self.remove_if_present(name)
