@@ -25,7 +25,6 @@ and growth with N within one run, not absolute seconds across runs.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import resource
@@ -44,7 +43,9 @@ sys.path.insert(0, str(REPO))
 
 from shardflow.run.job import ShardJob  # noqa: E402
 from shardflow.run.rundir import RunDir, task_name  # noqa: E402
+from shardflow.run.stats import Stats  # noqa: E402
 from shardflow.run.status import read_status  # noqa: E402
+from shardflow.run.summaries import SPAN, block_of, write_block  # noqa: E402
 from shardflow.shards.writer import TarWriter, remove_stale_temps  # noqa: E402
 
 PYTHON = sys.executable
@@ -85,37 +86,63 @@ def measure(label: str, fn: Callable[[], Any], requests: Requests | None = None)
             "requests": requests.take() if requests else "-"}
 
 
-def write_markers(rd: RunDir, n: int, out: str) -> None:
-    record = lambda t: json.dumps({"task": t, "inputs": [f"in-{t:06d}.tar"], "stats": {  # noqa: E731
+def _record(t: int, out: str) -> dict[str, Any]:
+    return {"task": t, "inputs": [f"in-{t:06d}.tar"], "stats": {
         "samples_in": 1, "samples_out": 1, "shards_in": 1, "shards_out": 1, "bytes_in": 3072, "bytes_out": 3072},
-        "outputs": [{"url": f"{out}/in-{t:06d}.tar", "nsamples": 1, "nbytes": 3072, "sha256": "0" * 64}]}).encode()
+        "outputs": [{"url": f"{out}/in-{t:06d}.tar", "nsamples": 1, "nbytes": 3072, "sha256": "0" * 64}]}
+
+
+def write_markers(rd: RunDir, n: int, out: str, *, summaries: bool) -> None:
+    """N done markers; with `summaries`, also the per-chunk summaries pods of 1,000 tasks would write."""
     if rd._local:
         os.makedirs(f"{rd.path}/done", exist_ok=True)
         for t in range(n):
-            with open(f"{rd.path}/done/{task_name(t)}.json", "wb") as f:
-                f.write(record(t))
-        return
-    for start in range(0, n, 2000):
-        rd.fs.pipe({f"{rd.path}/done/{task_name(t)}.json": record(t) for t in range(start, min(n, start + 2000))})
+            with open(f"{rd.path}/done/{task_name(t)}.json", "w") as f:
+                json.dump(_record(t, out), f)
+    else:
+        for start in range(0, n, 2000):
+            rd.fs.pipe({f"{rd.path}/done/{task_name(t)}.json": json.dumps(_record(t, out)).encode()
+                        for t in range(start, min(n, start + 2000))})
+    if summaries:
+        for first in range(0, n - n % SPAN, SPAN):  # the last, partial chunk is left to the pod below
+            records = [_record(t, out) for t in range(first, first + SPAN)]
+            write_block(rd, block_of(first, first + SPAN, ((Stats.from_json(r["stats"]), r["outputs"])
+                                                            for r in records)))
+
+
+def _hwm_command(args: list[str]) -> list[str]:
+    """`shardflow ARGS` in a child that prints its own peak RSS (VmHWM of its address space: ru_maxrss
+    would carry over the high-water mark of this big parent across fork + exec)."""
+    code = ("import atexit,sys\n"
+            "atexit.register(lambda: print('VmHWM', open('/proc/self/status').read().split('VmHWM:')[1].split()[0],"
+            " file=sys.stderr, flush=True))\n"
+            f"sys.argv=['shardflow', *{args!r}]\n"
+            "from shardflow.cli import main\nmain()")
+    return [PYTHON, "-c", code]
+
+
+def _hwm_mb(stderr: str) -> int:
+    for line in stderr.splitlines():
+        if line.startswith("VmHWM"):
+            return round(int(line.split()[1]) / 1024)
+    return -1
 
 
 def pod(url: str, index: int, env: dict[str, str]) -> dict[str, Any]:
     """`shardflow worker` in a subprocess: seconds to its first task line, to its exit; peak RSS."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen([PYTHON, "-m", "shardflow.cli", "worker", "--run-dir", url, "--index", str(index),
-                             "--tasks-per-index", "10"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(_hwm_command(["worker", "--run-dir", url, "--index", str(index), "--tasks-per-index",
+                                          "10"]), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
     first = None
-    assert proc.stdout is not None
-    for line in io.TextIOWrapper(proc.stdout):
+    assert proc.stdout is not None and proc.stderr is not None
+    for line in proc.stdout:
         if first is None and line.startswith("task "):
             first = time.perf_counter() - t0
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    err = proc.stderr.read().decode() if proc.stderr else ""
-    if proc.returncode != 0:
+    err = proc.stderr.read()
+    if proc.wait() != 0:
         raise SystemExit(f"worker failed ({proc.returncode}): {err[-2000:]}")
     return {"what": "pod (10 tasks)", "first_task_s": round(first or -1, 2),
-            "wall_s": round(time.perf_counter() - t0, 2), "rss_mb": round(usage.ru_maxrss / 1024)}
+            "wall_s": round(time.perf_counter() - t0, 2), "rss_mb": _hwm_mb(err)}
 
 
 def make_inputs(directory: str, ids: range, options: dict | None) -> None:
@@ -124,7 +151,8 @@ def make_inputs(directory: str, ids: range, options: dict | None) -> None:
             w.write({"__key__": f"k{t:06d}", "bin": b"x" * 1000})
 
 
-def run_dir_rows(n: int, base: str, options: dict | None, env: dict[str, str], requests: Requests | None) -> list:
+def run_dir_rows(n: int, base: str, options: dict | None, env: dict[str, str], requests: Requests | None,
+                 markers_max: int) -> list:
     inputs, out = f"{base}/in", f"{base}/out"
     spec = f"{inputs}/in-{{000000..{n - 1:06d}}}.tar"
     job = ShardJob(copy, spec, f"{out}/{{name}}.tar", storage_options=options, maxcount=10)
@@ -132,7 +160,9 @@ def run_dir_rows(n: int, base: str, options: dict | None, env: dict[str, str], r
     rd = job.rundir()
     if requests:
         requests.hook(rd.fs)
-    write_markers(rd, n, out)
+    t0 = time.perf_counter()
+    write_markers(rd, n, out, summaries=n > markers_max)  # above markers_max: as pods of 1,000 tasks leave it
+    print(f"# {n} markers written in {time.perf_counter() - t0:.1f} s", flush=True)
     if requests:
         requests.take()
     last = (n - 1) // 10
@@ -142,17 +172,29 @@ def run_dir_rows(n: int, base: str, options: dict | None, env: dict[str, str], r
     if requests:
         requests.take()
     rows.append(pod(job.run_dir, last, env))
-    rows.append(measure("status (markers)", lambda: read_status(job.run_dir, options), requests))
+    if n <= markers_max:
+        rows.append(measure("status (markers)", lambda: read_status(job.run_dir, options), requests))
 
     def resume() -> None:
         again = ShardJob(copy, spec, f"{out}/{{name}}.tar", storage_options=options, maxcount=10)
         report = again.run("serial", progress=False)
         assert report.ok and report.done == n, str(report)
 
-    rows.append(measure("resume, nothing left (1st)", resume, requests))
+    rows.append(measure("resume, nothing left (1st)" if n <= markers_max else "resume, nothing left (pods' "
+                        "summaries)", resume, requests))
     rows.append(measure("status (summaries)", lambda: read_status(job.run_dir, options), requests))
     rows.append(measure("resume, nothing left (2nd)", resume, requests))
+    rows.append({**finalize(job.run_dir, env), "what": "worker --finalize (subprocess)"})
     return rows
+
+
+def finalize(url: str, env: dict[str, str]) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    done = subprocess.run(_hwm_command(["worker", "--run-dir", url, "--finalize"]), capture_output=True, text=True,
+                          env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"finalize failed: {done.stderr[-2000:]}")
+    return {"wall_s": round(time.perf_counter() - t0, 2), "rss_mb": _hwm_mb(done.stderr)}
 
 
 def temps_rows(counts: list[int], tmp: str) -> list[dict[str, Any]]:
@@ -194,30 +236,40 @@ def subprocess_rows(n: int, tmp: str) -> list[dict[str, Any]]:
         "argo manifest (--no-prepare)": "job.to_argo('img:1', prepare=False)",
     }
     for label, call in code.items():
-        script = (f"import sys,time,resource; sys.path.insert(0,{str(REPO)!r})\n"
+        script = (f"import sys,time; sys.path.insert(0,{str(REPO)!r})\n"
                   "from shardflow.run.job import ShardJob\n"
                   f"job=ShardJob(lambda s: s, 's3://b/in-{{0000000..{n - 1:07d}}}.tar', 's3://b/out/{{name}}.tar', "
                   f"run_dir={tmp + '/rd-' + uuid.uuid4().hex[:6]!r})\n"
                   f"t=time.perf_counter(); {call}; w=time.perf_counter()-t\n"
-                  "print(w, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024)")
+                  "print(w, int(open('/proc/self/status').read().split('VmHWM:')[1].split()[0]) / 1024)")
         out = subprocess.run([PYTHON, "-c", script], capture_output=True, text=True, check=True).stdout.split()
         rows.append({"what": f"{label}, N={n}", "wall_s": round(float(out[0]), 2), "rss_mb": round(float(out[1]))})
     return rows
 
 
-def per_task_rows(counts: list[int], tmp: str) -> list[dict[str, Any]]:
+def per_task_rows(counts: list[int], tmp: str, backends: tuple[str, ...] = ("processes", "dask")) -> list[dict]:
+    """Wall per tiny task (one 1 KB sample each), 2 workers; the marginal cost between the smallest and
+    the largest N leaves out the start-up (pool, LocalCluster) and shows whether it grows with N."""
     rows = []
-    for n in counts:
-        base = Path(tmp) / f"tiny-{n}"
-        make_inputs(str(base / "in"), range(n), None)
-        job = ShardJob(copy, str(base / "in" / f"in-{{000000..{n - 1:06d}}}.tar"), str(base / "out" / "{name}.tar"))
-        t0 = time.perf_counter()
-        report = job.run("processes", workers=2, progress=False)
-        wall = time.perf_counter() - t0
-        assert report.ok
-        rows.append({"what": f"processes x2, {n} tiny tasks", "wall_s": round(wall, 2),
-                     "ms_per_task": round(wall / n * 1e3, 2)})
-        shutil.rmtree(base)
+    for backend in backends:
+        walls = {}
+        for n in counts:
+            base = Path(tmp) / f"tiny-{backend}-{n}"
+            make_inputs(str(base / "in"), range(n), None)
+            job = ShardJob(copy, str(base / "in" / f"in-{{000000..{n - 1:06d}}}.tar"), str(base / "out" / "{name}.tar"))
+            extra = {"dashboard_address": None} if backend == "dask" else {}
+            t0 = time.perf_counter()
+            report = job.run(backend, workers=2, progress=False, **extra)
+            walls[n] = wall = time.perf_counter() - t0
+            assert report.ok, str(report)
+            rows.append({"what": f"{backend} x2, {n} tiny tasks", "wall_s": round(wall, 2),
+                         "ms_per_task": round(wall / n * 1e3, 2)})
+            print(json.dumps(rows[-1]), flush=True)
+            shutil.rmtree(base)
+        if len(counts) > 1:
+            lo, hi = min(counts), max(counts)
+            rows.append({"what": f"{backend} x2, marginal ms per task {lo} -> {hi}",
+                         "ms_per_task": round((walls[hi] - walls[lo]) / (hi - lo) * 1e3, 2)})
     return rows
 
 
@@ -246,6 +298,9 @@ def main() -> None:
     parser.add_argument("--per-task", default="1000,5000")
     parser.add_argument("--endpoint", default=None)
     parser.add_argument("--tmp", default=None)
+    parser.add_argument("--markers-max", type=int, default=10_000,
+                        help="(S3) above this N, per-chunk summaries are written with the markers (as pods do) and the "
+                             "marker-by-marker reads are not timed")
     args = parser.parse_args()
     if args.quick:
         args.sizes, args.s3_sizes, args.per_task, args.million = "1000,10000", "1000", "500", False
@@ -255,7 +310,7 @@ def main() -> None:
     try:
         rows += temps_rows([1000, 10_000] if args.quick else [1000, 10_000, 100_000], tmp)
         for n in [int(x) for x in args.sizes.split(",") if x]:
-            for row in run_dir_rows(n, f"{tmp}/local-{n}", None, dict(os.environ), None):
+            for row in run_dir_rows(n, f"{tmp}/local-{n}", None, dict(os.environ), None, 10**9):
                 rows.append({"store": "local", "N": n, **row})
                 print(json.dumps(rows[-1]), flush=True)
         s3_sizes = [int(x) for x in args.s3_sizes.split(",") if x]
@@ -268,7 +323,8 @@ def main() -> None:
                 bucket = f"scale-{uuid.uuid4().hex[:8]}"
                 fsspec.filesystem("s3", **options).mkdir(bucket)
                 requests = Requests()
-                for row in run_dir_rows(n, f"s3://{bucket}/j", options, dict(os.environ), requests):
+                for row in run_dir_rows(n, f"s3://{bucket}/j", options, dict(os.environ), requests,
+                                        args.markers_max):
                     rows.append({"store": "s3", "N": n, **row})
                     print(json.dumps(rows[-1]), flush=True)
         for n in ([100_000, 1_000_000] if args.million else [100_000]):
