@@ -16,7 +16,7 @@ from shardflow.run.rundir import RunDir
 from shardflow.run.task import Task
 from shardflow.storage import options as so
 from shardflow.storage.paths import join
-from shardflow.storage.specs import expand
+from shardflow.storage.specs import count, expand
 
 UNLIMITED = 1 << 62
 
@@ -134,6 +134,12 @@ class ShardJob:
                 for task_id, (group, (output, parts)) in enumerate(zip(groups, output_names(self.outputs, groups)))
             ]
         return self._tasks
+
+    def task_count(self) -> int:
+        """len(plan()), without building the tasks when plan() has not run (manifests of 1M tasks)."""
+        if self._tasks is not None:
+            return len(self._tasks)
+        return -(-count(self.inputs, self.options_for(_first(self.inputs))) // self.inputs_per_task)
 
     def describe(self) -> dict[str, Any]:
         """JSON-safe description of the job for plan.json (no credentials: storage options left out)."""

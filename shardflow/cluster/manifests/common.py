@@ -225,7 +225,7 @@ def from_job(job: "ShardJob", image: str, *, prepare: bool = True, force: bool =
     """
     if prepare:
         job.prepare(force=force)
-    tasks = len(job.plan())
+    tasks = job.task_count()  # without prepare, 1M tasks are counted, not built
     options.setdefault("name", f"shardflow-{job.name}")
     if "storage_options" not in options:
         options["storage_options"] = worker_storage_options(job, job.run_dir)
