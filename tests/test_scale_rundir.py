@@ -177,3 +177,13 @@ def test_a_task_done_on_s3_deletes_no_record_that_is_not_there(s3_server, s3_buc
     retry.write_errors(1, [])
     retry.mark_done(1, {"task": 1, "outputs": [], "stats": {}})
     assert retry.failed_ids() == set() and retry.list_names("errors") == []
+
+
+def test_done_ids_come_from_the_summaries_when_they_cover_the_plan(tmp_path):
+    job = _job(tmp_path, 3)
+    assert job.run("serial", progress=False).ok
+    rd = RunDir(job.run_dir)
+    (Path(job.run_dir) / "done" / "000001.json").unlink()  # not listed: the summary's name says it all
+    assert rd.done_ids() == {0, 1, 2}
+    (Path(job.run_dir) / "summaries" / "000000000-000000003.json").unlink()
+    assert rd.done_ids() == {0, 2}

@@ -21,6 +21,11 @@ OWN_FOLDERS = ("", "done", "failed", "errors", SUMMARIES, "plan")  # every folde
 READ_BATCH = 1_000  # files fetched concurrently at a time from object stores
 
 
+def task_name(task_id: int) -> str:
+    """The file stem of task `task_id` in done/, failed/, errors/: 000017."""
+    return f"{task_id:06d}"
+
+
 def list_folder(fs: Any, path: str, *, local: bool) -> list[str]:
     """Sorted visible base names in `path` (empty when it does not exist), uncached."""
     if local:

@@ -31,6 +31,7 @@ from shardflow.run.listing import (
     list_folder,
     read_files,
     remove_own_temps,
+    task_name,
 )
 from shardflow.run.plan_store import (  # noqa: F401 - PLAN_VERSION, plan_fingerprint: public names here
     PLAN_VERSION,
@@ -40,14 +41,11 @@ from shardflow.run.plan_store import (  # noqa: F401 - PLAN_VERSION, plan_finger
     task_count,
     task_jsons,
 )
+from shardflow.run.summaries import summary_ranges
 from shardflow.run.task import Task, TaskResult
 from shardflow.storage.atomic import write_local_atomic
 from shardflow.storage.options import redact, strip_redacted
 from shardflow.storage.paths import filesystem, is_local
-
-
-def task_name(task_id: int) -> str:
-    return f"{task_id:06d}"
 
 
 def _plan_difference(old: dict[str, Any], new: dict[str, Any]) -> str:
@@ -196,6 +194,14 @@ class RunDir:
 
     # -- task state ----------------------------------------------------------------------------
     def done_ids(self) -> set[int]:
+        """Ids of the done tasks. When the per-chunk summaries cover the whole plan, their names say it
+        (one short listing, no listing of done/: at 100k tasks on S3 that is 100 pages of XML to parse);
+        otherwise one listing of done/."""
+        covered = summary_ranges(self.list_names(SUMMARIES))
+        if covered and self.exists("plan.json"):
+            tasks = task_count(self.read_json("plan.json"))
+            if sum(stop - first for first, stop in covered if stop <= tasks) == tasks:
+                return set(range(tasks))
         return {int(n.split(".")[0]) for n in self.list_names("done") if n.endswith(".json")}
 
     def failed_ids(self) -> set[int]:

@@ -11,13 +11,12 @@ instead of one marker per task (O(N / SPAN) reads at any N), and markers only wh
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
-from shardflow.run.listing import SUMMARIES
+from shardflow.run.listing import SUMMARIES, task_name
 from shardflow.run.stats import Stats
 
-if TYPE_CHECKING:
-    from shardflow.run.rundir import RunDir
+RunDir = Any  # run.rundir.RunDir, which imports this module (summary_ranges in done_ids)
 
 SPAN = 1_000  # tasks per summary written by the driver / finalize
 
@@ -51,7 +50,7 @@ class Block:
         return {"first": self.first, "stop": self.stop, "stats": self.stats.to_json(), "shards": self.shards}
 
 
-def write_block(run_dir: "RunDir", block: Block) -> None:
+def write_block(run_dir: RunDir, block: Block) -> None:
     run_dir.write_json(summary_name(block.first, block.stop), block.to_json())
 
 
@@ -64,15 +63,21 @@ def block_of(first: int, stop: int, parts: Iterable[tuple[Stats, list[dict[str, 
     return block
 
 
-def read_blocks(run_dir: "RunDir", tasks: int) -> dict[int, Block]:
-    """Non-overlapping summaries inside [0, tasks), keyed by first task id (larger ranges preferred)."""
-    ranges = sorted((r for r in map(_parse_name, run_dir.list_names(SUMMARIES)) if r and r[1] <= tasks),
-                    key=lambda r: (r[0], -r[1]))
-    chosen, cursor = [], 0
+def summary_ranges(names: Iterable[str]) -> list[tuple[int, int]]:
+    """Non-overlapping (first, stop) ranges of the summaries named, in order (larger ones preferred)."""
+    ranges = sorted((r for r in map(_parse_name, names) if r), key=lambda r: (r[0], -r[1]))
+    chosen: list[tuple[int, int]] = []
+    cursor = 0
     for first, stop in ranges:
         if first >= cursor:
             chosen.append((first, stop))
             cursor = stop
+    return chosen
+
+
+def read_blocks(run_dir: RunDir, tasks: int) -> dict[int, Block]:
+    """Non-overlapping summaries inside [0, tasks), keyed by first task id (larger ranges preferred)."""
+    chosen = [r for r in summary_ranges(run_dir.list_names(SUMMARIES)) if r[1] <= tasks]
     blocks: dict[int, Block] = {}
     for (first, stop), record in zip(chosen, run_dir.read_many([summary_name(f, s) for f, s in chosen])):
         if record is not None:
@@ -83,7 +88,7 @@ def read_blocks(run_dir: "RunDir", tasks: int) -> dict[int, Block]:
 class SpanWriter:
     """Collects consecutive done tasks and writes a summary for each SPAN-aligned range found whole."""
 
-    def __init__(self, run_dir: "RunDir", tasks: int, existing: Iterable[tuple[int, int]]) -> None:
+    def __init__(self, run_dir: RunDir, tasks: int, existing: Iterable[tuple[int, int]]) -> None:
         self.run_dir, self.tasks, self.existing = run_dir, tasks, set(existing)
         self.block: Block | None = None
         self.count = 0
@@ -109,11 +114,9 @@ class SpanWriter:
             self.written += 1
 
 
-def merged_done(run_dir: "RunDir", tasks: int, done_ids: set[int]) -> tuple[Stats, int]:
+def merged_done(run_dir: RunDir, tasks: int, done_ids: set[int]) -> tuple[Stats, int]:
     """Merged stats and shard count of the done tasks of a plan of tasks 0..tasks-1: summaries where
     they exist, markers (fetched in batches) elsewhere."""
-    from shardflow.run.rundir import task_name
-
     stats, shards = Stats(), 0
     covered = [False] * tasks
     for block in read_blocks(run_dir, tasks).values():
