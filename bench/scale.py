@@ -301,6 +301,8 @@ def main() -> None:
     parser.add_argument("--markers-max", type=int, default=10_000,
                         help="(S3) above this N, per-chunk summaries are written with the markers (as pods do) and the "
                              "marker-by-marker reads are not timed")
+    parser.add_argument("--local-markers-max", type=int, default=10**9, help="the same for local run dirs")
+    parser.add_argument("--skip-temps", action="store_true", help="leave out the stale-temp rows")
     args = parser.parse_args()
     if args.quick:
         args.sizes, args.s3_sizes, args.per_task, args.million = "1000,10000", "1000", "500", False
@@ -308,9 +310,10 @@ def main() -> None:
     server = None
     rows: list[dict[str, Any]] = []
     try:
-        rows += temps_rows([1000, 10_000] if args.quick else [1000, 10_000, 100_000], tmp)
+        if not args.skip_temps:
+            rows += temps_rows([1000, 10_000] if args.quick else [1000, 10_000, 100_000], tmp)
         for n in [int(x) for x in args.sizes.split(",") if x]:
-            for row in run_dir_rows(n, f"{tmp}/local-{n}", None, dict(os.environ), None, 10**9):
+            for row in run_dir_rows(n, f"{tmp}/local-{n}", None, dict(os.environ), None, args.local_markers_max):
                 rows.append({"store": "local", "N": n, **row})
                 print(json.dumps(rows[-1]), flush=True)
         s3_sizes = [int(x) for x in args.s3_sizes.split(",") if x]

@@ -187,3 +187,18 @@ def test_done_ids_come_from_the_summaries_when_they_cover_the_plan(tmp_path):
     assert rd.done_ids() == {0, 1, 2}
     (Path(job.run_dir) / "summaries" / "000000000-000000003.json").unlink()
     assert rd.done_ids() == {0, 2}
+
+
+def test_the_argo_finalize_step_gets_memory_for_its_task_count():
+    def finalize_memory(tasks: int, memory: str = "2Gi") -> str:
+        opts = ClusterOptions(image="img:1", run_dir="s3://b/rd", tasks=tasks, memory=memory)
+        templates = {t["name"]: t for t in workflow_manifest(opts)["spec"]["templates"]}
+        assert templates["chunk"]["container"]["resources"]["limits"]["memory"] == memory  # pods keep theirs
+        resources = templates["finalize"]["container"]["resources"]
+        assert resources["requests"]["memory"] == resources["limits"]["memory"]
+        return resources["limits"]["memory"]
+
+    assert finalize_memory(1_000) == "2Gi"
+    assert finalize_memory(1_000_000) == "3Gi"  # 1.75 GB measured (bench/README.md, Scale)
+    assert finalize_memory(1_000_000, "8Gi") == "8Gi"
+    assert finalize_memory(5_000_000, "weird") == "weird"
