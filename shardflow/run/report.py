@@ -74,7 +74,7 @@ def build_report(run_dir: RunDir, task_ids: list[int], results: dict[int, TaskRe
     ids = sorted(task_ids)
     contiguous = ids == list(range(len(ids)))  # as every plan numbers its tasks; summaries need it
     blocks = {first: b for first, b in read_blocks(run_dir, len(ids)).items()
-              if not any(t in results for t in b_range(b))} if contiguous else {}
+              if not any(t in results for t in _block_ids(b))} if contiguous else {}
     spans = SpanWriter(run_dir, len(ids) if contiguous else 0, ((b.first, b.stop) for b in blocks.values()))
     records = _earlier_records(run_dir, ids, results, blocks)
     pos = 0
@@ -107,7 +107,7 @@ def build_report(run_dir: RunDir, task_ids: list[int], results: dict[int, TaskRe
     return report
 
 
-def b_range(block: Block) -> range:
+def _block_ids(block: Block) -> range:
     return range(block.first, block.stop)
 
 
