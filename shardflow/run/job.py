@@ -186,8 +186,7 @@ class ShardJob:
         self.make_encoder()
         run_dir = self.rundir()
         run_dir.remove_stale_temps()  # a driver killed mid-write of a marker leaves one behind
-        run_dir.init_plan({"job": self.describe(), "tasks": [t.to_json() for t in self.plan()],
-                           "settings": self.settings()}, force=force)
+        run_dir.init_plan({"job": self.describe(), "tasks": self.plan(), "settings": self.settings()}, force=force)
         run_dir.save_job(self)
         return run_dir
 

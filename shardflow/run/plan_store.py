@@ -14,7 +14,7 @@ import hashlib
 import json
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
-from shardflow.run.plan_table import TaskTable
+from shardflow.run.plan_table import TaskTable, as_json
 from shardflow.run.task import Task
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
 
 
-def plan_fingerprint(tasks: Iterable[dict[str, Any]], settings: dict[str, Any] | None = None) -> str:
+def plan_fingerprint(tasks: Iterable[Task | dict[str, Any]], settings: dict[str, Any] | None = None) -> str:
     """Stable digest of the task list (and of the job settings that shape the outputs, when given):
     a rerun into the same run dir must plan the same tasks with the same settings.
 
@@ -38,7 +38,7 @@ def plan_fingerprint(tasks: Iterable[dict[str, Any]], settings: dict[str, Any] |
     digest = hashlib.sha256()
     digest.update(b"[" if settings is None else f'{{"settings":{_dumps(settings)},"tasks":['.encode())
     for i, task in enumerate(tasks):
-        digest.update(((',' if i else '') + _dumps(task)).encode())
+        digest.update(((',' if i else '') + _dumps(as_json(task))).encode())
     digest.update(b"]" if settings is None else b"]}")
     return digest.hexdigest()
 
@@ -48,7 +48,8 @@ def chunk_name(chunk: int) -> str:
 
 
 def store_plan(run_dir: "RunDir", plan: dict[str, Any], fingerprint: str) -> None:
-    """Write `plan` (with its "tasks" list) in the version-2 layout: chunk files first, plan.json last."""
+    """Write `plan` (its "tasks": Task objects or their JSON) in the version-2 layout: chunk files first,
+    plan.json last. Tasks are turned into JSON one at a time, never all at once (1M tasks)."""
     tasks = plan["tasks"]
     stored = {k: v for k, v in plan.items() if k != "tasks"}
     stored.update(version=PLAN_VERSION, fingerprint=fingerprint, task_count=len(tasks), plan_chunk=PLAN_CHUNK)
@@ -60,7 +61,8 @@ def store_plan(run_dir: "RunDir", plan: dict[str, Any], fingerprint: str) -> Non
         table = None
     if table is None:
         for start in range(0, len(tasks), PLAN_CHUNK):
-            run_dir.write_bytes(chunk_name(start // PLAN_CHUNK), _dumps(tasks[start : start + PLAN_CHUNK]).encode())
+            chunk = [as_json(t) for t in tasks[start : start + PLAN_CHUNK]]
+            run_dir.write_bytes(chunk_name(start // PLAN_CHUNK), _dumps(chunk).encode())
     stored["table"] = table
     run_dir.write_json("plan.json", stored)
 

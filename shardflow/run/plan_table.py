@@ -58,6 +58,14 @@ def compress(names: Sequence[str]) -> list[dict[str, Any]]:
     return runs
 
 
+def as_task(task: Task | dict[str, Any]) -> Task:
+    return task if isinstance(task, Task) else Task.from_json(task)
+
+
+def as_json(task: Task | dict[str, Any]) -> dict[str, Any]:
+    return task.to_json() if isinstance(task, Task) else task
+
+
 class Column:
     """Random access to the names a list of runs stands for."""
 
@@ -94,18 +102,19 @@ class TaskTable:
         self.parts = Column(data["output_parts"])
 
     @staticmethod
-    def encode(tasks: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        """The table of task JSONs (as Task.to_json), or ValueError when they are not numbered 0..N-1 with
+    def encode(tasks: Sequence[Task | dict[str, Any]]) -> dict[str, Any]:
+        """The table of tasks (Task, or its JSON), or ValueError when they are not numbered 0..N-1 with
         equal input groups (the last may be shorter), which is how every plan makes them."""
-        per = len(tasks[0]["inputs"]) if tasks else 1
-        for i, t in enumerate(tasks):
-            if int(t["id"]) != i or (len(t["inputs"]) != per and i != len(tasks) - 1) or not t["inputs"]:
+        rows = [as_task(t) for t in tasks]
+        per = len(rows[0].inputs) if rows else 1
+        for i, t in enumerate(rows):
+            if t.id != i or (len(t.inputs) != per and i != len(rows) - 1) or not t.inputs:
                 raise ValueError("tasks not in plan order")
         return {
-            "count": len(tasks), "inputs_per_task": per,
-            "inputs": compress([u for t in tasks for u in t["inputs"]]),
-            "outputs": compress([t["output"] for t in tasks]),
-            "output_parts": compress([t["output_parts"] for t in tasks]),
+            "count": len(rows), "inputs_per_task": per,
+            "inputs": compress([u for t in rows for u in t.inputs]),
+            "outputs": compress([t.output for t in rows]),
+            "output_parts": compress([t.output_parts for t in rows]),
         }
 
     def task(self, task_id: int) -> Task:

@@ -41,6 +41,7 @@ from shardflow.run.plan_store import (  # noqa: F401 - PLAN_VERSION, plan_finger
     task_count,
     task_jsons,
 )
+from shardflow.run.plan_table import as_json
 from shardflow.run.summaries import summary_ranges
 from shardflow.run.task import Task, TaskResult
 from shardflow.storage.atomic import write_local_atomic
@@ -139,7 +140,8 @@ class RunDir:
 
     # -- plan ----------------------------------------------------------------------------------
     def init_plan(self, plan: dict[str, Any], *, force: bool = False) -> None:
-        """Write the plan once; refuse a different plan unless forced (then start over)."""
+        """Write the plan once; refuse a different plan unless forced (then start over). plan["tasks"]: Task
+        objects (what prepare() passes: no second copy of a million tasks as dicts) or their JSON."""
         fingerprint = plan_fingerprint(plan["tasks"], plan.get("settings"))
         if self.exists("plan.json"):
             old = self.read_json("plan.json")
@@ -147,6 +149,7 @@ class RunDir:
                 return
             if not force:
                 old = {**old, "tasks": list(task_jsons(self, old))}
+                plan = {**plan, "tasks": [as_json(t) for t in plan["tasks"]]}
                 raise JobError(
                     f"run directory {self.url} holds a different plan ({_plan_difference(old, plan)}); "
                     "use another run_dir, or force=True (--force) to discard its progress and start over"
