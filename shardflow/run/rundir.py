@@ -81,7 +81,7 @@ class RunDir:
         self._known = None if self._local else KnownNames(self.list_names)  # local deletes cost no request
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_known": None if self._local else KnownNames(self.list_names)}
+        return {**self.__dict__, "_known": None}  # what one process knew is not another's: relisted there
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
