@@ -121,3 +121,34 @@ def test_manifests_for_a_million_tasks_count_them_without_building_them():
                                   "-", "a-{-2..2}.tar", r"a\{0..3\}.tar"])
 def test_counting_a_spec_agrees_with_expanding_it(spec):
     assert count(spec) == len(expand(spec))
+
+
+@pytest.mark.parametrize("inputs,outputs,per", [
+    ("s3://b/in-{0000..2499}.tar", "s3://b/out/{name}.tar", 1),
+    ("s3://b/in-{0000..2499}.tar", "s3://b/out/p-{task:05d}-{part:03d}.tar", 3),
+    ("s3://b/in-{00..39}-{0..9}.tar", "s3://b/out/{task}.tgz", 7),
+    ("s3://b/in-{0..999}-{0..99}.tar", "s3://b/out/{task}.tar", 1),  # a table over 64 KB: chunk files
+])
+def test_prepare_makes_the_table_from_the_specs_exactly_as_from_the_tasks(tmp_path, inputs, outputs, per):
+    lazy = ShardJob(identity, inputs, outputs, run_dir=str(tmp_path / "lazy"), inputs_per_task=per)
+    lazy.prepare()
+    assert lazy._tasks is None  # no Task object was built
+    built = ShardJob(identity, inputs, outputs, run_dir=str(tmp_path / "built"), inputs_per_task=per)
+    built.plan()
+    built.prepare()
+    a, b = (json.loads((tmp_path / d / "plan.json").read_text()) for d in ("lazy", "built"))
+    assert a == b  # same table (or chunk files), same fingerprint
+    rd = RunDir(str(tmp_path / "lazy"))
+    assert list(rd.load_tasks(a, range(a["task_count"]))) == built.plan()
+    assert built.prepare() is not None and lazy.prepare() is not None  # each accepts the other's plan
+
+
+def test_outputs_that_could_repeat_go_through_the_plan_and_its_duplicate_check(tmp_path):
+    job = ShardJob(identity, "s3://b/in-{0..9}.tar", "s3://b/out/x{task:1d}.tar", run_dir=str(tmp_path / "rd"))
+    job.prepare()  # x0..x9: one run, distinct
+    clash = ShardJob(identity, "s3://b/a-{0..3}.tar", "s3://b/out/{name}.tar", run_dir=str(tmp_path / "rd2"),
+                     inputs_per_task=1)
+    clash.prepare()
+    with pytest.raises(JobError, match="same name"):
+        ShardJob(identity, ["s3://b/a/x.tar", "s3://b/b/x.tar"], "s3://b/out/{name}.tar",
+                 run_dir=str(tmp_path / "rd3")).prepare()

@@ -11,6 +11,7 @@ from typing import Any, Callable, Sequence
 
 from shardflow.errors import DEFAULT_ON_ERROR_JOB, JobError, check_on_error
 from shardflow.run.context import TaskContext
+from shardflow.run.lazy_plan import table_from_specs
 from shardflow.run.naming import output_names
 from shardflow.run.rundir import RunDir
 from shardflow.run.task import Task
@@ -186,7 +187,9 @@ class ShardJob:
         self.make_encoder()
         run_dir = self.rundir()
         run_dir.remove_stale_temps()  # a driver killed mid-write of a marker leaves one behind
-        run_dir.init_plan({"job": self.describe(), "tasks": self.plan(), "settings": self.settings()}, force=force)
+        table = None if self._tasks is not None else table_from_specs(self.inputs, self.outputs, self.inputs_per_task)
+        tasks: dict[str, Any] = {"table": table} if table is not None else {"tasks": self.plan()}  # 1M: no Tasks
+        run_dir.init_plan({"job": self.describe(), **tasks, "settings": self.settings()}, force=force)
         run_dir.save_job(self)
         return run_dir
 

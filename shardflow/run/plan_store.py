@@ -43,21 +43,33 @@ def plan_fingerprint(tasks: Iterable[Task | dict[str, Any]], settings: dict[str,
     return digest.hexdigest()
 
 
+def plan_tasks(plan: dict[str, Any]) -> Iterable[Task | dict[str, Any]]:
+    """The tasks of a plan about to be stored: its "tasks", or made one at a time from its "table"."""
+    if "tasks" in plan:
+        return plan["tasks"]
+    table = TaskTable(plan["table"])
+    return table.tasks(range(table.count))
+
+
 def chunk_name(chunk: int) -> str:
     return f"plan/chunk-{chunk:06d}.json"
 
 
 def store_plan(run_dir: "RunDir", plan: dict[str, Any], fingerprint: str) -> None:
-    """Write `plan` (its "tasks": Task objects or their JSON) in the version-2 layout: chunk files first,
-    plan.json last. Tasks are turned into JSON one at a time, never all at once (1M tasks)."""
-    tasks = plan["tasks"]
-    stored = {k: v for k, v in plan.items() if k != "tasks"}
-    stored.update(version=PLAN_VERSION, fingerprint=fingerprint, task_count=len(tasks), plan_chunk=PLAN_CHUNK)
-    try:
-        table: dict[str, Any] | None = TaskTable.encode(tasks)
-    except ValueError:
-        table = None
+    """Write `plan` (its "tasks": Task objects or their JSON, or its "table": run.lazy_plan) in the version-2
+    layout: chunk files first, plan.json last. Tasks become JSON one at a time, never all at once."""
+    table: dict[str, Any] | None = plan.get("table")
+    tasks = plan["tasks"] if table is None else []
+    stored = {k: v for k, v in plan.items() if k not in ("tasks", "table")}
+    stored.update(version=PLAN_VERSION, fingerprint=fingerprint, plan_chunk=PLAN_CHUNK,
+                  task_count=len(tasks) if table is None else int(table["count"]))
+    if table is None:
+        try:
+            table = TaskTable.encode(tasks)
+        except ValueError:
+            table = None
     if table is not None and len(_dumps(table)) > COMPACT_LIMIT:
+        tasks = tasks or list(plan_tasks(plan))  # a table from the specs, too big to keep: chunk files
         table = None
     if table is None:
         for start in range(0, len(tasks), PLAN_CHUNK):

@@ -36,26 +36,57 @@ def _format(value: int, width: int) -> str:
     return f"{value:0{width}d}"
 
 
-def compress(names: Sequence[str]) -> list[dict[str, Any]]:
-    """Runs that expand back to `names` exactly (see Column)."""
-    runs: list[dict[str, Any]] = []
-    i = 0
-    while i < len(names):
-        found = _next_in_run(names[i], names[i + 1]) if i + 1 < len(names) else None
+def compress(names: Iterable[str]) -> list[dict[str, Any]]:
+    """Runs that expand back to `names` exactly (see Column); `names` may be a generator."""
+    builder = RunBuilder()
+    for name in names:
+        builder.add(name)
+    return builder.finish()
+
+
+class RunBuilder:
+    """Compresses names one at a time (greedy: a run is extended while the next name continues it)."""
+
+    def __init__(self) -> None:
+        self.runs: list[dict[str, Any]] = []
+        self.pending: str | None = None
+        self.run: list[Any] | None = None  # [head, start, width, tail, count]
+
+    def add(self, name: str) -> None:
+        run = self.run
+        if run is not None:
+            if name == f"{run[0]}{_format(run[1] + run[4], run[2])}{run[3]}":
+                run[4] += 1
+                return
+            self._close_run()
+        if self.pending is None:
+            self.pending = name
+            return
+        found = _next_in_run(self.pending, name)
         if found is None:
-            if runs and "l" in runs[-1]:
-                runs[-1]["l"].append(names[i])
-            else:
-                runs.append({"l": [names[i]]})
-            i += 1
-            continue
-        head, start, width, tail = found
-        count = 2
-        while i + count < len(names) and names[i + count] == f"{head}{_format(start + count, width)}{tail}":
-            count += 1
-        runs.append({"p": head, "a": start, "w": width, "n": count, "s": tail})
-        i += count
-    return runs
+            self._literal(self.pending)
+            self.pending = name
+        else:
+            self.run, self.pending = [*found, 2], None
+
+    def _close_run(self) -> None:
+        head, start, width, tail, count = self.run  # type: ignore[misc]
+        self.runs.append({"p": head, "a": start, "w": width, "n": count, "s": tail})
+        self.run = None
+
+    def _literal(self, name: str) -> None:
+        if self.runs and "l" in self.runs[-1]:
+            self.runs[-1]["l"].append(name)
+        else:
+            self.runs.append({"l": [name]})
+
+    def finish(self) -> list[dict[str, Any]]:
+        if self.run is not None:
+            self._close_run()
+        if self.pending is not None:
+            self._literal(self.pending)
+            self.pending = None
+        return self.runs
 
 
 def as_task(task: Task | dict[str, Any]) -> Task:

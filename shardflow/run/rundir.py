@@ -37,6 +37,7 @@ from shardflow.run.plan_store import (  # noqa: F401 - PLAN_VERSION, plan_finger
     PLAN_VERSION,
     load_tasks,
     plan_fingerprint,
+    plan_tasks,
     store_plan,
     task_count,
     task_jsons,
@@ -141,15 +142,16 @@ class RunDir:
     # -- plan ----------------------------------------------------------------------------------
     def init_plan(self, plan: dict[str, Any], *, force: bool = False) -> None:
         """Write the plan once; refuse a different plan unless forced (then start over). plan["tasks"]: Task
-        objects (what prepare() passes: no second copy of a million tasks as dicts) or their JSON."""
-        fingerprint = plan_fingerprint(plan["tasks"], plan.get("settings"))
+        objects (what prepare() passes: no second copy of a million tasks as dicts) or their JSON; or, instead
+        of "tasks", "table": the TaskTable data (run.lazy_plan), from which tasks are made one at a time."""
+        fingerprint = plan_fingerprint(plan_tasks(plan), plan.get("settings"))
         if self.exists("plan.json"):
             old = self.read_json("plan.json")
             if old.get("fingerprint") == fingerprint:
                 return
             if not force:
                 old = {**old, "tasks": list(task_jsons(self, old))}
-                plan = {**plan, "tasks": [as_json(t) for t in plan["tasks"]]}
+                plan = {**plan, "tasks": [as_json(t) for t in plan_tasks(plan)]}
                 raise JobError(
                     f"run directory {self.url} holds a different plan ({_plan_difference(old, plan)}); "
                     "use another run_dir, or force=True (--force) to discard its progress and start over"

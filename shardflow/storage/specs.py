@@ -56,7 +56,7 @@ def count(spec: Spec, storage_options: Options = None) -> int:
         if part == "-" or part.startswith("pipe:"):
             total += 1
             continue
-        ranges = _numeric_ranges(part)
+        ranges = numeric_ranges(part)
         if ranges is not None:  # x-{000000..999999}.tar: counted, not expanded (braceexpand: ~5 us a name)
             total += math.prod(ranges)
             continue
@@ -67,7 +67,7 @@ def count(spec: Spec, storage_options: Options = None) -> int:
     return total
 
 
-def _numeric_ranges(part: str) -> list[int] | None:
+def numeric_ranges(part: str) -> list[int] | None:
     """Sizes of the brace groups of `part` when every one is a plain numeric range ({a..b} or
     {a..b..step}) and nothing else could expand (no other brace, escape or glob character)."""
     sizes = []
