@@ -105,7 +105,6 @@ def test_workers_do_not_take_the_lease(setup):
 # -- 10: temp files of other programs ---------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=False, reason="h16 rewrites stale-temp removal (exact names, the job's temp tag)")
 def test_run_dir_keeps_other_programs_temp_files(setup):
     tmp_path, job, args, run_dir = setup
     shared = tmp_path / "shared"

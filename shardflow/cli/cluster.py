@@ -189,6 +189,9 @@ def _render(kind: str, jobfile: str, inputs: str | None, outputs: str | None, ru
     where = "nothing written (--no-prepare)" if no_prepare else f"plan written to {opts.run_dir}"
     name = f"Job {opts.job_name}" if kind == "kubernetes" else f"Workflow {opts.name}-*"
     click.echo(f"shardflow: {name}: {opts.tasks} tasks, {opts.indexes(kind)} pods of {per} task(s); {where}", err=True)
+    if kw["tasks_per_pod"] and per > kw["tasks_per_pod"]:
+        click.echo(f"shardflow: --tasks-per-pod {kw['tasks_per_pod']} raised to {per}: an Argo Workflow fans out "
+                   f"to at most {manifests.MAX_FANOUT.get(kind)} items (see docs/kubernetes.md)", err=True)
     click.echo(text, nl=False)
 
 

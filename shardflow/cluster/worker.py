@@ -33,7 +33,8 @@ from shardflow.errors import JobError
 from shardflow.run.report import RunReport, build_report
 from shardflow.run.run_task import run_task
 from shardflow.run.rundir import RunDir, task_name
-from shardflow.run.task import Task, TaskResult
+from shardflow.run.summaries import block_of, write_block
+from shardflow.run.task import TaskResult
 from shardflow.run.threads import limit_threads
 from shardflow.storage import options as so
 
@@ -126,15 +127,13 @@ def _run_chunk(url: str, index: int, tasks_per_index: int, storage_options: dict
                out: TextIO) -> int:
     started = time.perf_counter()
     run_dir, plan = open_run_dir(url, storage_options)
-    tasks = plan.get("tasks", [])
-    chunk = chunk_of(index, tasks_per_index, len(tasks))
+    chunk = chunk_of(index, tasks_per_index, run_dir.task_count(plan))
     job = load_run_job(run_dir, rebind=storage_options is None)
     if "OMP_NUM_THREADS" in os.environ:  # the manifest sets it from --cpu: torch follows it too
         limit_threads()
     results: list[TaskResult] = []
     beat = ChunkHeartbeat(index, len(chunk.task_ids), _log, out)
-    for task_id in chunk.task_ids:
-        task = Task.from_json(tasks[task_id])
+    for task in run_dir.load_tasks(plan, chunk.task_ids):  # only this chunk's part of the plan is read
         beat.start_task(task.id)
         try:
             # records task failures itself; what escapes is run-dir trouble
@@ -153,6 +152,9 @@ def _run_chunk(url: str, index: int, tasks_per_index: int, storage_options: dict
             break
     code = chunk_exit_code(results, job.on_error)
     done = sum(r.ok for r in results)
+    if done == len(chunk.task_ids):  # the whole chunk is done: status and finalize read one file for it
+        with contextlib.suppress(Exception):  # best effort: without it they read the chunk's markers
+            write_block(job.rundir(), block_of(chunk.first, chunk.stop, ((r.stats, r.outputs) for r in results)))
     _log(out, f"index {index}: {done}/{len(chunk.task_ids)} tasks done in {time.perf_counter() - started:.1f} s "
               f"-> exit {code} ({EXIT_CODES[code]})")
     return code
@@ -190,7 +192,7 @@ def finalize(url: str, *, storage_options: dict[str, Any] | None = None, out: Te
 def write_summary(run_dir: RunDir, plan: dict[str, Any] | None = None) -> RunReport:
     """summary.json rebuilt from the markers alone (after pods, whatever ran them); returns the RunReport."""
     plan = plan if plan is not None else run_dir.load_plan()
-    task_ids = [int(t["id"]) for t in plan.get("tasks", [])]
+    task_ids = list(range(run_dir.task_count(plan)))
     done = run_dir.done_ids()
     results: dict[int, TaskResult] = {}
     for task_id in sorted(run_dir.failed_ids() - done):

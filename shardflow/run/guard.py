@@ -119,7 +119,7 @@ def check_foreign_shards(job: Any, tasks: list[Task], run_dir: RunDir) -> None:
         plan = run_dir.read_json("plan.json")
         if plan.get("overwrite"):
             return  # an earlier run of this run directory was told to write there anyway
-        known = list(tasks) + [Task.from_json(t) for t in plan.get("tasks", [])]
+        known = list(tasks) + list(run_dir.load_tasks(plan, range(run_dir.task_count(plan))))  # any plan version
     names, patterns = _planned(known)
     inputs = {_canonical(u) for t in tasks for u in t.inputs}
     directories = sorted({t.output.rpartition("/")[0] or "." for t in tasks})[:MAX_DIRS_LISTED]

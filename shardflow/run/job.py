@@ -15,12 +15,14 @@ from shardflow.run import guard
 from shardflow.run.batch_options import BATCHING_SETTINGS, batching_context, check_batching, describe_batching
 from shardflow.run.context import TaskContext
 from shardflow.run.inputs import input_urls, input_views, job_decoder, views_setting
+from shardflow.run.lazy_plan import table_from_specs
 from shardflow.run.naming import output_names
 from shardflow.run.rundir import RunDir
 from shardflow.run.task import Task
 from shardflow.run.worker_fn import PerWorker, per_worker
 from shardflow.shards.spec import is_spec
 from shardflow.storage import options as so
+from shardflow.storage.specs import count
 
 UNLIMITED = 1 << 62
 
@@ -161,6 +163,12 @@ class ShardJob:
             ]
         return self._tasks
 
+    def task_count(self) -> int:
+        """len(plan()), without building the tasks when plan() has not run (manifests of 1M tasks)."""
+        if self._tasks is not None:
+            return len(self._tasks)
+        return -(-count(self.inputs, self.options_for(_first(self.inputs))) // self.inputs_per_task)
+
     def describe(self) -> dict[str, Any]:
         """JSON-safe description of the job for plan.json (no credentials: storage options left out)."""
         return {
@@ -219,12 +227,15 @@ class ShardJob:
         self.make_encoder()
         run_dir = self.rundir()
         run_dir.remove_stale_temps()  # a driver killed mid-write of a marker leaves one behind
-        guard.check_not_in_place(self.plan())
+        # a brace range with an output pattern is stored as a table: 1M tasks never become 1M JSON objects
+        table = None if self._tasks is not None else table_from_specs(self.inputs, self.outputs, self.inputs_per_task)
+        tasks = self.plan()
+        guard.check_not_in_place(tasks)
         if not overwrite:
-            guard.check_foreign_shards(self, self.plan(), run_dir)
+            guard.check_foreign_shards(self, tasks, run_dir)
         code = guard.code_fingerprint(self)
-        run_dir.init_plan({"job": self.describe(), "tasks": [t.to_json() for t in self.plan()],
-                           "settings": self.settings(), "code": code}, force=force)
+        planned: dict[str, Any] = {"table": table} if table is not None else {"tasks": tasks}
+        run_dir.init_plan({"job": self.describe(), **planned, "settings": self.settings(), "code": code}, force=force)
         guard.check_code(self, run_dir, redo=redo or force, resume_anyway=resume_anyway, overwrite=overwrite)
         run_dir.save_job(self)
         return run_dir

@@ -78,15 +78,17 @@ def output_names(outputs: str | Sequence[str], groups: Sequence[Sequence[str]]) 
     return [(url, with_part_suffix(url)) for url in expanded]
 
 
+def pattern_name(pattern: str, task_id: int, first_input: str) -> tuple[str, str]:
+    """(URL of part 0, format string of the rollover parts) of one task of an output pattern."""
+    filled = fill_pattern(pattern, {"task": task_id, "name": shard_stem(first_input)})
+    if "{part" in filled:
+        return filled.format(part=0), filled
+    unescaped = filled.replace("{{", "{").replace("}}", "}")
+    return unescaped, with_part_suffix(unescaped)
+
+
 def _pattern_names(pattern: str, groups: Sequence[Sequence[str]]) -> list[tuple[str, str]]:
-    names = []
-    for task_id, group in enumerate(groups):
-        filled = fill_pattern(pattern, {"task": task_id, "name": shard_stem(group[0])})
-        if "{part" in filled:
-            names.append((filled.format(part=0), filled))
-        else:
-            unescaped = filled.replace("{{", "{").replace("}}", "}")
-            names.append((unescaped, with_part_suffix(unescaped)))
+    names = [pattern_name(pattern, task_id, group[0]) for task_id, group in enumerate(groups)]
     if len({n for n, _ in names}) != len(names):
         raise JobError(f"output pattern {pattern!r} gives the same name to several tasks; add {{task}} or {{name}}")
     return names

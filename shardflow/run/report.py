@@ -9,6 +9,7 @@ from typing import Any
 
 from shardflow.run.rundir import RunDir, task_name
 from shardflow.run.stats import Stats
+from shardflow.run.summaries import Block, SpanWriter, read_blocks
 from shardflow.run.task import TaskResult
 from shardflow.run.tracebacks import TraceCollector, describe_traces, printable
 from shardflow.text import safe
@@ -70,12 +71,29 @@ class RunReport:
 
 def build_report(run_dir: RunDir, task_ids: list[int], results: dict[int, TaskResult], started: float,
                  *, skipped: int, interrupted: bool = False) -> RunReport:
-    """Merge this run's results with the markers of tasks finished earlier, then save summary.json."""
+    """Merge this run's results with what earlier runs finished, then save summary.json.
+
+    Earlier work is read from per-chunk summaries where they exist and from markers elsewhere (one
+    listing of done/, markers fetched in batches); summaries of the SPAN-aligned ranges found whole
+    are written on the way, so the next report or status reads O(N / SPAN) files.
+    """
     report = RunReport(run_dir.url, len(task_ids), 0, skipped, interrupted=interrupted)
-    earlier = [t for t in task_ids if t not in results]
-    done_before = run_dir.done_ids()
-    records = {t: run_dir.read_done(t) for t in earlier if t in done_before}
-    for task_id in task_ids:
+    ids = sorted(task_ids)
+    contiguous = ids == list(range(len(ids)))  # as every plan numbers its tasks; summaries need it
+    blocks = {first: b for first, b in read_blocks(run_dir, len(ids)).items()
+              if not any(t in results for t in _block_ids(b))} if contiguous else {}
+    spans = SpanWriter(run_dir, len(ids) if contiguous else 0, ((b.first, b.stop) for b in blocks.values()))
+    records = _earlier_records(run_dir, ids, results, blocks)
+    pos = 0
+    while pos < len(ids):
+        task_id = ids[pos]
+        block = blocks.get(task_id)
+        if block is not None:
+            _add_done(report, block.stats, block.shards, block.size)
+            spans.add(block.first, block.size, block.stats, block.shards)
+            pos += block.size
+            continue
+        pos += 1
         result = results.get(task_id)
         if result is not None and result.status == "failed":
             report.failed[task_id] = {"error": result.error, "kind": result.kind}
@@ -83,13 +101,14 @@ def build_report(run_dir: RunDir, task_ids: list[int], results: dict[int, TaskRe
         if result is not None:
             stats, outputs = result.stats, result.outputs
             report.processed += stats.samples_in if result.status == "done" else 0
-        elif task_id in records:
+        elif records.get(task_id) is not None:
             stats, outputs = Stats.from_json(records[task_id]["stats"]), records[task_id]["outputs"]
         else:
             continue
-        report.done += 1
-        report.stats.merge(stats)
-        report.shards.extend(outputs)
+        _add_done(report, stats, outputs, 1)
+        if contiguous:
+            spans.add(task_id, 1, stats, outputs)
+    spans.flush()
     report.tracebacks = _this_run_traces(run_dir, results)
     report.seconds = time.perf_counter() - started
     run_dir.write_json("summary.json", report.to_json())
@@ -107,3 +126,24 @@ def _this_run_traces(run_dir: RunDir, results: dict[int, TaskResult]) -> list[di
             continue
         collector.add_all(json.loads(line) for line in raw.splitlines() if line.strip())
     return collector.distinct()
+
+
+def _block_ids(block: Block) -> range:
+    return range(block.first, block.stop)
+
+
+def _add_done(report: RunReport, stats: Stats, outputs: list[dict[str, Any]], count: int) -> None:
+    report.done += count
+    report.stats.merge(stats)
+    report.shards.extend(outputs)
+
+
+def _earlier_records(run_dir: RunDir, ids: list[int], results: dict[int, TaskResult],
+                     blocks: dict[int, Block]) -> dict[int, Any]:
+    """Markers of the tasks done before this run that no summary covers (one listing, batched reads)."""
+    covered = [False] * len(ids)
+    for block in blocks.values():
+        covered[block.first:block.stop] = [True] * block.size
+    done_before = run_dir.done_ids()
+    wanted = [t for i, t in enumerate(ids) if t not in results and not covered[i] and t in done_before]
+    return dict(zip(wanted, run_dir.read_many([f"done/{task_name(t)}.json" for t in wanted])))

@@ -130,7 +130,7 @@ def _stream_task(task: Task, context: TaskContext, processor: SampleProcessor | 
     """Stream every input of the task through the processor into the task's output shards."""
     tag = context.temp_tag(task)
     out_options = context.options_for(task.output)
-    remove_stale_temps(task.output, out_options, tag=tag)
+    remove_stale_temps(task.part_url, out_options, tag=tag)  # by name: no listing
     counter = _ProgressBatcher(progress)
     writer = ShardWriter(task.part_url, maxcount=context.maxcount, maxsize=context.maxsize,
                          storage_options=out_options, temp_tag=tag)

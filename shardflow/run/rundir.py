@@ -17,40 +17,45 @@ crash never leaves a truncated JSON that breaks resume.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
-import os
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import cloudpickle
 
 from shardflow.errors import JobError, ShardIOError
 from shardflow.run.jobrecord import RECORD, job_record
+from shardflow.run.listing import (
+    OWN_FOLDERS,
+    SUMMARIES,
+    TEMP_TAG,
+    KnownNames,
+    cat_options,
+    list_folder,
+    read_files,
+    remove_own_temps,
+    task_name,
+)
+from shardflow.run.plan_store import (  # noqa: F401 - PLAN_VERSION, plan_fingerprint: public names here
+    PLAN_VERSION,
+    load_tasks,
+    plan_fingerprint,
+    plan_tasks,
+    store_plan,
+    task_count,
+    task_jsons,
+)
+from shardflow.run.plan_table import as_json
+from shardflow.run.summaries import summary_ranges
 from shardflow.run.task import Task, TaskResult
-from shardflow.storage.atomic import is_temp_name, write_local_atomic
+from shardflow.storage.atomic import write_local_atomic
 from shardflow.storage.options import redact, redact_urls_deep, strip_redacted
 from shardflow.storage.paths import filesystem, is_local
 from shardflow.storage.retrying_fs import RetryingFileSystem
 
-PLAN_VERSION = 1
-
-
-def task_name(task_id: int) -> str:
-    return f"{task_id:06d}"
-
-
-def plan_fingerprint(tasks: list[dict[str, Any]], settings: dict[str, Any] | None = None) -> str:
-    """Stable digest of the task list (and of the job settings that shape the outputs, when given):
-    a rerun into the same run dir must plan the same tasks with the same settings."""
-    obj: Any = tasks if settings is None else {"tasks": tasks, "settings": settings}
-    obj = redact_urls_deep(obj)  # as written down: no URL password, not even hashed
-    text = json.dumps(obj, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
-
 
 def _plan_difference(old: dict[str, Any], new: dict[str, Any]) -> str:
     """What differs between two plans, in a few words for the refusal message."""
-    old_tasks, new_tasks = old.get("tasks", []), new.get("tasks", [])
+    old_tasks, new_tasks = old["tasks"], new.get("tasks", [])  # old: its tasks loaded (plan_store.task_jsons)
     if old_tasks != new_tasks:
         if len(old_tasks) != len(new_tasks):
             return f"{len(old_tasks)} tasks there, {len(new_tasks)} now"
@@ -79,6 +84,15 @@ class RunDir:
         self._local = is_local(self.url)
         if not self._local:  # the same retry policy as shard I/O; "lost the store, rerun" past it
             self.fs = RetryingFileSystem(self.fs, self.url)
+        self._known = None if self._local else KnownNames(self.list_names)  # local deletes cost no request
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_known": None}  # what one process knew is not another's: relisted there
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if not self._local:
+            self._known = KnownNames(self.list_names)
 
     def _path(self, name: str) -> str:
         return f"{self.path}/{name}"
@@ -88,12 +102,14 @@ class RunDir:
         """Write a file so that readers see the old content or the new, never a mix."""
         path = self._path(name)
         if self._local:
-            write_local_atomic(path, data)
+            write_local_atomic(path, data, tag=TEMP_TAG)
         else:
             self.fs.pipe_file(path, data)  # one PUT: object stores publish it whole or not at all
+            if self._known is not None:
+                self._known.add(name)
 
     def read_bytes(self, name: str) -> bytes:
-        return self.fs.cat_file(self._path(name))
+        return self.fs.cat_file(self._path(name), **cat_options(self.fs))
 
     def write_json(self, name: str, obj: Any) -> None:
         self.write_bytes(name, json.dumps(redact_urls_deep(obj), indent=1, sort_keys=True).encode())
@@ -105,56 +121,67 @@ class RunDir:
         return self.fs.exists(self._path(name))
 
     def remove(self, name: str) -> None:
+        if self._known is not None:
+            self._known.discard(name)
         try:
             self.fs.rm(self._path(name))
         except FileNotFoundError:
             pass
 
+    def remove_if_present(self, name: str) -> None:
+        """remove(name), with no request when this process's listing of the folder says it is absent."""
+        if self._known is None or self._known.may_exist(name):
+            self.remove(name)
+
     def list_names(self, folder: str) -> list[str]:
-        """Base names in `folder` (one listing, empty when it does not exist)."""
-        try:
-            entries = self.fs.ls(self._path(folder), detail=False)
-        except FileNotFoundError:
-            return []
-        names = [e.rstrip("/").rsplit("/", 1)[-1] for e in entries]
-        return sorted(n for n in names if not n.startswith("."))
+        """Base names in `folder`: one (paginated) listing, empty when it does not exist.
+
+        The listing is not kept in the filesystem's cache: s3fs scans a cached listing linearly before
+        each later read of a file in it, so N markers read after listing cost O(N^2)."""
+        return list_folder(self.fs, self._path(folder), local=self._local)
+
+    def read_many(self, names: list[str], *, parse: bool = True) -> list[Any]:
+        """Several files, in order (fetched concurrently on object stores); None for one that is gone."""
+        return read_files(self.fs, [self._path(n) for n in names], local=self._local, parse=parse)
 
     # -- plan ----------------------------------------------------------------------------------
     def init_plan(self, plan: dict[str, Any], *, force: bool = False) -> None:
-        """Write the plan once; refuse a different plan unless forced (then start over)."""
-        fingerprint = plan_fingerprint(plan["tasks"], plan.get("settings"))
-        plan = {**plan, "version": PLAN_VERSION, "fingerprint": fingerprint}
+        """Write the plan once; refuse a different plan unless forced (then start over). plan["tasks"]: Task
+        objects (what prepare() passes: no second copy of a million tasks as dicts) or their JSON; or, instead
+        of "tasks", "table": the TaskTable data (run.lazy_plan), from which tasks are made one at a time."""
+        fingerprint = plan_fingerprint(plan_tasks(plan), plan.get("settings"))
         if self.exists("plan.json"):
             old = self.read_json("plan.json")
             if old.get("fingerprint") == fingerprint:
                 return
             if not force:
+                old = {**old, "tasks": list(task_jsons(self, old))}
+                plan = {**plan, "tasks": [as_json(t) for t in plan_tasks(plan)]}
                 raise JobError(
                     f"run directory {self.url} holds a different plan ({_plan_difference(old, plan)}); "
                     "use another run_dir, or force=True (--force) to discard its progress and start over"
                 )
             self.reset()
-        self.write_json("plan.json", plan)
+        store_plan(self, plan, fingerprint)  # plan.json (+ plan/chunk-*.json when names follow no numbering)
+
+    def task_count(self, plan: dict[str, Any]) -> int:
+        """How many tasks the stored `plan` (from load_plan) has."""
+        return task_count(plan)
+
+    def load_tasks(self, plan: dict[str, Any], ids: Iterable[int]) -> Iterator[Task]:
+        """The tasks `ids` (in order) of the stored `plan`, reading O(len(ids)) bytes of the run directory."""
+        return load_tasks(self, plan, ids)
 
     def remove_stale_temps(self) -> int:
-        """Delete temp files that a killed writer left in the run directory (local run dirs only: object
-        stores get single PUTs). Call it where one driver owns the run dir (job.prepare), not from workers."""
-        if not self._local or not os.path.isdir(self.path):
-            return 0
-        removed = 0
-        for folder, _, names in os.walk(self.path):
-            for name in names:
-                if is_temp_name(name):
-                    try:
-                        os.unlink(os.path.join(folder, name))
-                        removed += 1
-                    except FileNotFoundError:
-                        pass
-        return removed
+        """Delete the temps a killed writer of this run directory left (local run dirs only: object stores
+        get single PUTs). Only shardflow's own exact temp form with the run directory's tag, and only in
+        the folders it writes (another program's `.db.tmp-journal` beside them is left alone). Call it
+        where one driver owns the run dir (job.prepare), not from workers."""
+        return remove_own_temps(self.path, OWN_FOLDERS, TEMP_TAG) if self._local else 0
 
     def reset(self) -> None:
-        """Forget all progress (markers, failures, error logs, summary)."""
-        for folder in ("done", "failed", "errors"):
+        """Forget all progress (markers, failures, error logs, summaries)."""
+        for folder in ("done", "failed", "errors", SUMMARIES, "plan"):
             for name in self.list_names(folder):
                 self.remove(f"{folder}/{name}")
         self.remove("summary.json")
@@ -179,6 +206,14 @@ class RunDir:
 
     # -- task state ----------------------------------------------------------------------------
     def done_ids(self) -> set[int]:
+        """Ids of the done tasks. When the per-chunk summaries cover the whole plan, their names say it
+        (one short listing, no listing of done/: at 100k tasks on S3 that is 100 pages of XML to parse);
+        otherwise one listing of done/."""
+        covered = summary_ranges(self.list_names(SUMMARIES))
+        if covered and self.exists("plan.json"):
+            tasks = task_count(self.read_json("plan.json"))
+            if sum(stop - first for first, stop in covered if stop <= tasks) == tasks:
+                return set(range(tasks))
         return {int(n.split(".")[0]) for n in self.list_names("done") if n.endswith(".json")}
 
     def failed_ids(self) -> set[int]:
@@ -192,7 +227,7 @@ class RunDir:
 
     def mark_done(self, task_id: int, record: dict[str, Any]) -> None:
         self.write_json(f"done/{task_name(task_id)}.json", record)
-        self.remove(f"failed/{task_name(task_id)}.json")
+        self.remove_if_present(f"failed/{task_name(task_id)}.json")
 
     def mark_failed(self, task_id: int, record: dict[str, Any]) -> None:
         self.write_json(f"failed/{task_name(task_id)}.json", record)
@@ -212,4 +247,4 @@ class RunDir:
         if lines:
             self.write_bytes(name, lines.encode())
         else:
-            self.remove(name)
+            self.remove_if_present(name)

@@ -13,6 +13,7 @@ from typing import Any
 
 from shardflow.run.rundir import RunDir, task_name
 from shardflow.run.stats import Stats
+from shardflow.run.summaries import merged_done
 from shardflow.run.tracebacks import TraceCollector, describe_traces, printable
 from shardflow.text import safe, safe_repr
 
@@ -90,15 +91,10 @@ def read_status(url: str, storage_options: dict[str, Any] | None = None, *, exam
     """Read a run directory (plan, markers, failures, error logs) into a RunStatus; never reads outputs."""
     run_dir = RunDir(url, storage_options)
     plan = run_dir.load_plan()
-    task_ids = [int(t["id"]) for t in plan.get("tasks", [])]
+    task_ids = list(range(run_dir.task_count(plan)))
     done_ids = run_dir.done_ids() & set(task_ids)
     failed_ids = (run_dir.failed_ids() & set(task_ids)) - done_ids
-    stats, shards = Stats(), 0
-    for record in _read_many(run_dir, [f"done/{task_name(t)}.json" for t in sorted(done_ids)]):
-        if record is None:
-            continue
-        stats.merge(Stats.from_json(record.get("stats", {})))
-        shards += len(record.get("outputs", []))
+    stats, shards = merged_done(run_dir, len(task_ids), done_ids)  # summaries, markers where none
     failed = {}
     for task_id, record in zip(sorted(failed_ids),
                                _read_many(run_dir, [f"failed/{task_name(t)}.json" for t in sorted(failed_ids)])):
@@ -128,15 +124,5 @@ def read_status(url: str, storage_options: dict[str, Any] | None = None, *, exam
 
 
 def _read_many(run_dir: RunDir, names: list[str], *, parse: bool = True) -> list[Any]:
-    """Contents of several run-dir files, in order, in one call (fetched concurrently on object
-    stores); None for a file that went away meanwhile (a failure record removed by a retry)."""
-    if not names:
-        return []
-    fs = run_dir.fs
-    paths = [run_dir._path(n) for n in names]
-    found = {fs._strip_protocol(k): v for k, v in fs.cat(paths, on_error="omit").items()}
-    out: list[Any] = []
-    for path in paths:
-        data = found.get(fs._strip_protocol(path))
-        out.append(None if data is None else json.loads(data) if parse else data.decode())
-    return out
+    """Contents of several run-dir files, in order (see RunDir.read_many)."""
+    return run_dir.read_many(names, parse=parse)

@@ -111,8 +111,12 @@ class LocalReplace(AtomicOutput):
         self._fsync = fsync
         self._final = local_path(url)
         self._temp = temp_name(self._final, tag)
+        self._derived = bool(tag)  # a name derived from the task: a stale one may be there, or a twin's
         os.makedirs(os.path.dirname(os.path.abspath(self._temp)), exist_ok=True)
-        self._file = open_write_named(self._temp, self._final)  # a full disk names the shard
+        if self._derived:  # created afresh (see _open_exclusive); a full disk names the shard either way
+            self._file = _open_exclusive(self._temp, self._final)
+        else:
+            self._file = open_write_named(self._temp, self._final)
         self._fd = self._file.fileno()
 
     def write_parts(self, parts: list[bytes]) -> None:
@@ -132,6 +136,8 @@ class LocalReplace(AtomicOutput):
         self._file.flush()
         if self._fsync:
             os.fsync(self._file.fileno())
+        if self._derived:
+            _check_still_ours(self._file, self._temp, self.url)
         self._file.close()
         os.replace(self._temp, self._final)
         if self._fsync:
@@ -139,10 +145,37 @@ class LocalReplace(AtomicOutput):
 
     def _discard(self) -> None:
         file = getattr(self, "_file", None)
+        if file is not None and self._derived and not file.closed:
+            try:  # leave a twin attempt's file alone: unlink the name only while it is still ours
+                _check_still_ours(file, self._temp, self.url)
+            except ShardIOError:
+                file.close()
+                return
         if file is not None:
             file.close()
         if os.path.exists(self._temp):
             os.unlink(self._temp)
+
+
+def _open_exclusive(path: str, label: str) -> Any:
+    """Create `path` afresh: a leftover of a killed attempt (same derived name) is unlinked first, and
+    a writer that still holds it open (a duplicate attempt) then fails its commit (_check_still_ours)."""
+    try:
+        return open_write_named(path, label, exclusive=True)
+    except FileExistsError:
+        os.unlink(path)
+        return open_write_named(path, label, exclusive=True)
+
+
+def _check_still_ours(file: Any, temp: str, url: str) -> None:
+    """Refuse to publish when the temp name now holds another attempt's file (never rename its bytes)."""
+    mine = os.fstat(file.fileno())
+    try:
+        there = os.stat(temp)
+    except FileNotFoundError:
+        there = None
+    if there is None or (there.st_ino, there.st_dev) != (mine.st_ino, mine.st_dev):
+        raise ShardIOError("another attempt of the same task took over its temp file; this one is dropped", url=url)
 
 
 class StreamingUpload(AtomicOutput):

@@ -6,12 +6,13 @@ Shards are opened only when their first sample arrives, so no empty shards are e
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, BinaryIO, Callable
 
 from shardflow.errors import ShardIOError
 from shardflow.shards.committer import BackgroundCommitter
 from shardflow.shards.keys import Sample
-from shardflow.shards.publish import AtomicOutput, open_atomic
+from shardflow.shards.publish import STREAMING_UPLOAD_PROTOCOLS, AtomicOutput, open_atomic
 from shardflow.shards.receipt import ShardInfo
 from shardflow.shards.record_write import RecordWriter
 from shardflow.shards.records import record_format
@@ -19,26 +20,55 @@ from shardflow.shards.samples import sample_members
 from shardflow.shards.sinks import HashingSink
 from shardflow.shards.tar_headers import BLOCK
 from shardflow.shards.tar_write import GzipStage, TarStreamWriter
-from shardflow.storage.atomic import temp_glob
-from shardflow.storage.paths import filesystem, join
+from shardflow.storage.atomic import temp_glob, temp_name
+from shardflow.storage.paths import filesystem, join, protocol
 from shardflow.storage.schemes import open_write
 
 __all__ = ["Encode", "ShardInfo", "ShardWriter", "TarWriter", "format_shard_name", "remove_stale_temps",
            "sample_tar_size"]
 
 Encode = Callable[[Sample], Sample]
+NO_TEMPS = STREAMING_UPLOAD_PROTOCOLS  # shards stream to their final key there: no temp is ever written
 
 
-def remove_stale_temps(url: str, storage_options: dict[str, Any] | None = None, *, tag: str = "") -> int:
-    """Delete temp files a crashed writer left beside `url` (all of `tag`'s when a tag is given)."""
-    head, slash, _ = url.rpartition("/")
-    name = temp_glob(url, tag)
+def remove_stale_temps(url: str | Callable[[int], str], storage_options: dict[str, Any] | None = None, *,
+                       tag: str = "") -> int:
+    """Delete temp files a crashed writer left for `url` (or for the parts `url(0)`, `url(1)`, ...).
+
+    With `tag` (a task's), the temps are found by name: `.<part>.tmp-<tag>` for part 0, 1, ... while
+    a temp or a final shard of the part exists: a few stats per task, however many files share the
+    directory (object stores, which never hold temps, get no request at all). Without a tag, every
+    temp of the one shard `url` is deleted (one listing of its directory).
+    """
+    part: Callable[[int], str] = url if callable(url) else (lambda index: url if index == 0 else "")
+    first = part(0)
+    if tag:
+        return _remove_task_temps(part, storage_options, tag) if protocol(first) not in NO_TEMPS else 0
+    head, slash, _ = first.rpartition("/")
+    name = temp_glob(first)
     pattern = join(head, name) if head else slash + name  # slash: a file in "/" (temp_name's rule)
     fs, path = filesystem(pattern, storage_options)
     stale = fs.glob(path)
     for name in stale:
         fs.rm(name)
     return len(stale)
+
+
+def _remove_task_temps(part: Callable[[int], str], storage_options: dict[str, Any] | None, tag: str) -> int:
+    fs, _ = filesystem(part(0), storage_options)
+    removed = 0
+    for index in itertools.count():
+        url = part(index)
+        if not url:
+            break
+        _, final = filesystem(url, storage_options)
+        temp = temp_name(final, tag)
+        if fs.exists(temp):
+            fs.rm(temp)
+            removed += 1
+        elif not fs.exists(final):
+            break  # parts are opened in order: no later part of this task was started
+    return removed
 
 
 class TarWriter:

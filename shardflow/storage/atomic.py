@@ -1,35 +1,51 @@
 """The one temp-name convention, and atomic publication of small local files.
 
 Whatever shardflow writes under a final name (a shard, a run-directory file, a cached shard) is first
-written to a hidden sibling `.<name>.tmp-[<tag>-]<random>` and renamed in only when whole, so a
-reader sees the old content or the new, never a mix. The shard writer, the run directory and the
-reader's cache all use these functions, so a rerun can recognise (and remove) exactly the temps a
-killed writer left, by the same rule everywhere.
+written to a hidden sibling and renamed in only when whole, so a reader sees the old content or the
+new, never a mix. Two forms, both made here:
+
+- `.<name>.tmp-<tag>` (`temp_name(path, tag)`): the temp of one task's shard. It is derived from the
+  output name and the task's tag alone, so a rerun finds a killed attempt's temps by name (one stat
+  per output part), never by listing the output directory (O(files there) per task: quadratic).
+- `.<name>.tmp-[<tag>-]<12 hex>` (`temp_name(path, tag, unique=True)`, or no tag): files several
+  writers may write at once (run-directory files, cached shards); `is_own_temp(name, tag)` matches
+  exactly this form, so a cleanup never deletes another program's `.x.tmp-journal`.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import uuid
 
 from shardflow.storage.local_files import open_write_named
 
 TEMP_MARK = ".tmp-"
+_UNIQUE = re.compile(r"[0-9a-f]{12}")
 
 
-def temp_name(path: str, tag: str = "") -> str:
+def temp_name(path: str, tag: str = "", *, unique: bool = False) -> str:
     """Hidden sibling name used while `path` (a local path or URL) is being written.
 
-    `tag` (e.g. a job's task tag) lets a rerun find exactly the temps of one task and no others.
+    With a `tag` (a task's tag) and not `unique`, the name is `.<name>.tmp-<tag>`: derived from the
+    path and the tag alone, so the task's rerun finds it without a listing. Otherwise a random suffix
+    keeps concurrent writers of the same path apart.
     """
     head, slash, base = path.rpartition("/")
+    if tag and not unique:
+        return f"{head}{slash}.{base}{TEMP_MARK}{tag}"
     return f"{head}{slash}.{base}{TEMP_MARK}{tag + '-' if tag else ''}{uuid.uuid4().hex[:12]}"
 
 
-def temp_glob(path: str = "", tag: str = "") -> str:
-    """Glob pattern (a basename) matching the temps of `path`, or every temp of `tag` in a folder."""
-    if tag:
-        return f".*{TEMP_MARK}{tag}-*"
+def is_own_temp(name: str, tag: str) -> bool:
+    """True only for a basename made by `temp_name(..., tag, unique=True)` (exactly that form)."""
+    base = name.rpartition("/")[2]
+    head, mark, rest = base.rpartition(f"{TEMP_MARK}{tag}-")
+    return bool(mark) and head.startswith(".") and len(head) > 1 and _UNIQUE.fullmatch(rest) is not None
+
+
+def temp_glob(path: str) -> str:
+    """Glob pattern (a basename) matching every temp of `path` (any tag, any suffix)."""
     return f".{path.rstrip('/').rpartition('/')[2]}{TEMP_MARK}*"
 
 
@@ -53,11 +69,13 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def write_local_atomic(path: str, data: bytes, *, fsync: bool = True) -> None:
-    """Write a local file so readers see the old content or the new, never a truncated one."""
+def write_local_atomic(path: str, data: bytes, *, fsync: bool = True, tag: str = "") -> None:
+    """Write a local file so readers see the old content or the new, never a truncated one.
+
+    `tag` marks the temp (`.<name>.tmp-<tag>-<random>`) so its owner can clean up exactly its own."""
     folder = os.path.dirname(path) or "."
     os.makedirs(folder, exist_ok=True)
-    temp = temp_name(path)
+    temp = temp_name(path, tag, unique=True)
     try:
         with open_write_named(temp, path) as f:  # a full disk names `path`
             f.write(data)

@@ -34,8 +34,8 @@ def named_os_error(exc: OSError, label: str) -> OSError:
 class _NamedWriteFile(io.FileIO):
     """A raw local file for writing whose write errors name the file they were writing."""
 
-    def __init__(self, path: str, label: str) -> None:
-        super().__init__(path, "wb")
+    def __init__(self, path: str, label: str, mode: str = "wb") -> None:
+        super().__init__(path, mode)
         self.label = label
 
     def write(self, data: Any) -> int | None:  # type: ignore[override]
@@ -45,9 +45,12 @@ class _NamedWriteFile(io.FileIO):
             raise named_os_error(exc, self.label) from exc
 
 
-def open_write_named(path: str, label: str | None = None, buffering: int = _BUFFER) -> io.BufferedWriter:
-    """`open(path, "wb")` whose write errors (also those of flush and close) name `label` (default: path)."""
-    return io.BufferedWriter(_NamedWriteFile(path, label or path), buffer_size=buffering)
+def open_write_named(path: str, label: str | None = None, buffering: int = _BUFFER, *,
+                     exclusive: bool = False) -> io.BufferedWriter:
+    """`open(path, "wb")` whose write errors (also those of flush and close) name `label` (default: path);
+    `exclusive`: "xb", a new file or FileExistsError."""
+    raw = _NamedWriteFile(path, label or path, "xb" if exclusive else "wb")
+    return io.BufferedWriter(raw, buffer_size=buffering)
 
 
 def _pin(st: os.stat_result) -> tuple[int, int, int, int]:

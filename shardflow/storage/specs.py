@@ -9,6 +9,7 @@ name is its first link), and `${VAR}` is replaced by the environment variable VA
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from typing import Any, Sequence
@@ -23,6 +24,7 @@ from shardflow.storage.retry import describe
 Spec = str | Sequence[str]
 
 GLOB_CHARS = frozenset("*?[")
+_NUMERIC_RANGE = re.compile(r"\{(-?\d+)\.\.(-?\d+)(?:\.\.(-?\d+))?\}")
 # Stores that list by key prefix server-side (s3fs / gcsfs `find(prefix=...)`): one request per page
 # of matching keys instead of a listing of the whole folder.
 PREFIX_LISTING_PROTOCOLS = frozenset({"gcs", "gs", "s3", "s3a"})
@@ -89,6 +91,36 @@ def split_joined(spec: str) -> list[str]:
     if link:
         out.append(link[:-2])
     return [p for p in out if p]
+
+
+def count(spec: Spec, storage_options: Options = None) -> int:
+    """len(expand(spec)) without holding the URLs (brace ranges are counted, globs listed once each)."""
+    total = 0
+    for part in [spec] if isinstance(spec, str) else list(spec):
+        if part == "-" or part.startswith("pipe:"):
+            total += 1
+            continue
+        ranges = numeric_ranges(part)
+        if ranges is not None:  # x-{000000..999999}.tar: counted, not expanded (braceexpand: ~5 us a name)
+            total += math.prod(ranges)
+            continue
+        for url in braceexpand.braceexpand(part):
+            total += len(_glob(url, storage_options)) if GLOB_CHARS & set(_path_part(url)) else 1
+    if not total:
+        raise ShardIOError(f"spec {spec!r} names no shards")
+    return total
+
+
+def numeric_ranges(part: str) -> list[int] | None:
+    """Sizes of the brace groups of `part` when every one is a plain numeric range ({a..b} or
+    {a..b..step}) and nothing else could expand (no other brace, escape or glob character)."""
+    sizes = []
+    for a, b, step in _NUMERIC_RANGE.findall(part):
+        sizes.append(-(-(abs(int(b) - int(a)) + 1) // max(1, abs(int(step or 1)))))
+    rest = _NUMERIC_RANGE.sub("", part)
+    if set("{}\\") & set(rest) or GLOB_CHARS & set(_path_part(rest)):
+        return None
+    return sizes
 
 
 def _path_part(url: str) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from shardflow.cluster.manifests.common import ClusterOptions, dump, from_job
+from shardflow.cluster.manifests.common import MAX_FANOUT, ClusterOptions, dump, from_job
 from shardflow.errors import JobError
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ KIND_BUILDERS = {
 }
 KINDS = tuple(KIND_BUILDERS)
 
-__all__ = ["KINDS", "ClusterOptions", "manifest", "render", "render_options"]
+__all__ = ["KINDS", "MAX_FANOUT", "ClusterOptions", "manifest", "render", "render_options"]
 
 
 def manifest(opts: ClusterOptions, kind: str) -> dict[str, Any]:
@@ -38,8 +38,10 @@ def render_options(opts: ClusterOptions, kind: str) -> str:
     """YAML text of the manifest, with a comment header saying what it runs."""
     per = opts.per_pod(kind)
     what = "Indexed Job" if kind == "kubernetes" else "Argo Workflow"
+    raised = (f" (--tasks-per-pod {opts.tasks_per_pod} raised to {per}: at most {MAX_FANOUT[kind]:,} items "
+              f"per {what})" if opts.tasks_per_pod and per > opts.tasks_per_pod else "")
     header = (
-        f"shardflow {what}: {opts.tasks} tasks in {opts.indexes(kind)} chunks of {per}.\n"
+        f"shardflow {what}: {opts.tasks} tasks in {opts.indexes(kind)} chunks of {per}{raised}.\n"
         f"Pods read plan.json and job.pkl from {opts.run_dir}:\n"
         "write them first (shardflow k8s/argo without --no-prepare, or job.prepare()).\n"
         + ("Worker exit codes: 0 done, 65 bad input (FailIndex), 75 transient (retried), 78 fatal (FailJob)."

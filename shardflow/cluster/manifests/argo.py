@@ -17,6 +17,7 @@ from shardflow.cluster.manifests.common import (
     EXIT_STOP,
     ClusterOptions,
     container,
+    finalize_memory,
     pod_extras,
     pod_metadata,
     pod_security,
@@ -41,6 +42,16 @@ def retry_strategy(limit: int, expression: str, max_duration: str | None = None)
     if max_duration:
         backoff["maxDuration"] = max_duration
     return {"limit": str(limit), "retryPolicy": "Always", "expression": expression, "backoff": backoff}
+
+
+def finalize_container(opts: ClusterOptions) -> dict[str, Any]:
+    """The summary step, its memory sized from the task count: it holds the merged report (every
+    output shard's receipt) while it writes summary.json (bench/README.md "Scale": 1.75 GB at 1M)."""
+    spec = container(opts, ["worker", "--run-dir", opts.run_dir, "--finalize", *storage_args(opts)])
+    memory = finalize_memory(opts.memory, opts.tasks)
+    spec["resources"] = {**spec["resources"], "requests": {**spec["resources"]["requests"], "memory": memory},
+                         "limits": {**spec["resources"]["limits"], "memory": memory}}
+    return spec
 
 
 def workflow_manifest(opts: ClusterOptions) -> dict[str, Any]:
@@ -91,7 +102,7 @@ def workflow_manifest(opts: ClusterOptions) -> dict[str, Any]:
         {
             "name": "finalize",
             "retryStrategy": retry_strategy(opts.retries, FINALIZE_RETRY_EXPRESSION, opts.retry_max_duration),
-            "container": container(opts, ["worker", "--run-dir", opts.run_dir, "--finalize", *storage_args(opts)]),
+            "container": finalize_container(opts),
         },
     ]
     return {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": metadata, "spec": spec}

@@ -26,8 +26,12 @@ if TYPE_CHECKING:
 
 CONTAINER = "worker"
 UID = 10001  # the image's non-root user (docker/Dockerfile)
-MAX_INDEXES = 100_000  # Kubernetes' limit on completions of an Indexed Job
+# Kubernetes allows more completions only with parallelism and maxFailedIndexes <= 10,000 (docs/kubernetes.md)
+MAX_INDEXES = 100_000
 AUTO_INDEXES = {"kubernetes": 10_000, "argo": 2_000}  # auto --tasks-per-pod keeps chunks under these
+# Hard caps whatever --tasks-per-pod says: an Argo Workflow's status grows per node (over 1 MiB from
+# ~9,500 items) and node ids (FNV hashes of names) collide at ~100k; the chunk size is raised instead.
+MAX_FANOUT = {"argo": 2_000}
 _DNS_LABEL = re.compile(r"[^a-z0-9-]+")
 
 __all__ = ["ClusterOptions", "EXIT_BAD_INPUT", "EXIT_RETRY", "EXIT_STOP", "dump", "from_job"]
@@ -94,6 +98,9 @@ class ClusterOptions:
     def per_pod(self, kind: str) -> int:
         """Tasks per index: as given, else the fewest that keep the index count under AUTO_INDEXES."""
         per = self.tasks_per_pod or max(1, math.ceil(self.tasks / AUTO_INDEXES[kind]))
+        cap = MAX_FANOUT.get(kind)
+        if cap is not None and chunk_count(self.tasks, per) > cap:
+            per = math.ceil(self.tasks / cap)  # raised: render_options' header says so
         if chunk_count(self.tasks, per) > MAX_INDEXES:
             raise JobError(f"{self.tasks} tasks at {per} per pod need more than {MAX_INDEXES} indexes; "
                            f"use --tasks-per-pod {math.ceil(self.tasks / MAX_INDEXES)} or more")
@@ -119,6 +126,21 @@ class ClusterOptions:
             "shardflow/tasks-per-index": str(self.per_pod(kind)),
             **self.extra_annotations,
         }
+
+
+_QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|K|M|G|T)?$")
+_UNITS = {None: 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "K": 10**3, "M": 10**6,
+          "G": 10**9, "T": 10**12}
+FINALIZE_BASE, FINALIZE_PER_TASK = 512 * 2**20, 2 * 2**10  # measured: 216 MB at 100k tasks, 1.75 GB at 1M
+
+
+def finalize_memory(memory: str, tasks: int) -> str:
+    """`memory`, or more when `tasks` need it in the step that merges every task's receipts."""
+    need = FINALIZE_BASE + FINALIZE_PER_TASK * tasks
+    match = _QUANTITY.match(memory.strip())
+    if match is None or float(match.group(1)) * _UNITS[match.group(2)] >= need:
+        return memory
+    return f"{math.ceil(need / 2**30)}Gi"
 
 
 def k8s_name(text: str, limit: int = 50) -> str:
@@ -252,7 +274,7 @@ def from_job(job: "ShardJob", image: str, *, prepare: bool = True, force: bool =
     extras.check_run_dir(job.run_dir, options.get("pvcs", ()))
     if prepare:
         prepare_run_dir(job, force=force)  # storage trouble: one line naming the way out (--no-prepare)
-    tasks = len(job.plan())
+    tasks = job.task_count()  # without prepare, 1M tasks are counted, not built
     options.setdefault("name", f"shardflow-{job.name}")
     options.setdefault("fingerprint", extras.run_fingerprint(job))
     options.setdefault("unique", extras.unique_suffix())

