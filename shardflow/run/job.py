@@ -17,6 +17,7 @@ from shardflow.run.context import TaskContext
 from shardflow.run.inputs import input_urls, input_views, job_decoder, views_setting
 from shardflow.run.lazy_plan import table_from_specs
 from shardflow.run.naming import output_names
+from shardflow.run.plan_table import TaskTable
 from shardflow.run.rundir import RunDir
 from shardflow.run.task import Task
 from shardflow.run.worker_fn import PerWorker, per_worker
@@ -229,7 +230,8 @@ class ShardJob:
         run_dir.remove_stale_temps()  # a driver killed mid-write of a marker leaves one behind
         # a brace range with an output pattern is stored as a table: 1M tasks never become 1M JSON objects
         table = None if self._tasks is not None else table_from_specs(self.inputs, self.outputs, self.inputs_per_task)
-        tasks = self.plan()
+        # the guards look at every task; from a table they are made one by one, not kept on the job
+        tasks = self.plan() if table is None else list(TaskTable(table).tasks(range(int(table["count"]))))
         guard.check_not_in_place(tasks)
         if not overwrite:
             guard.check_foreign_shards(self, tasks, run_dir)

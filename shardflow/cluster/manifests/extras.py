@@ -42,12 +42,18 @@ def unique_suffix(length: int = 5) -> str:
 
 
 def run_fingerprint(job: "ShardJob") -> str:
-    """The label value naming what a run computes: 16 hex digits of the plan's fingerprint (tasks and
-    the settings that shape the outputs, as plan.json records it). One function, so that a richer
-    fingerprint (the job's code too) replaces it in one place."""
-    from shardflow.run.rundir import plan_fingerprint
+    """The label value naming what a run computes: 16 hex digits over the job's code fingerprint
+    (run.fingerprint), the settings that shape the outputs and the input/output specs as written.
+    Computed from the specs, not the tasks: a million-task job is labelled without planning it."""
+    import hashlib
+    import json
 
-    return plan_fingerprint([t.to_json() for t in job.plan()], job.settings())[:16]
+    from shardflow.run.fingerprint import code_fingerprint
+    from shardflow.storage.options import redact_urls_deep
+
+    what = {"code": code_fingerprint(job)["fingerprint"], "settings": job.settings(),
+            "inputs": redact_urls_deep(job.inputs), "outputs": redact_urls_deep(job.outputs)}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=repr).encode()).hexdigest()[:16]
 
 
 def check_label_key(key: str, what: str = "label") -> None:
