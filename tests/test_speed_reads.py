@@ -4,6 +4,8 @@ copied once less than when every refill joined the rest of the buffer with the w
 
 Members must still come out exact, at exact offsets, whatever sizes straddle the chunk boundaries and
 however short the stream's reads are (sockets, pipes, gzip).
+
+Also: the modules the processes backend's fork server preloads for every worker exist.
 """
 
 from __future__ import annotations
@@ -73,3 +75,14 @@ def test_a_refill_does_not_copy_the_whole_chunk_again():
         tracemalloc.stop()
     assert count == len(expected)
     assert peak < (2 << 20) + 768 * 1024, peak  # measured: 2.2 MB now, 3.3 MB with the join
+
+
+def test_fork_server_preloads_name_real_modules():
+    """The fork server skips a preload name that does not import, silently: a renamed module would
+    quietly move its import back into every worker of every job."""
+    import importlib
+
+    from shardflow.backends.local import _PRELOAD, _WORKER_NEEDS
+
+    for name in _WORKER_NEEDS + tuple(n for n in _PRELOAD if n.startswith("shardflow")):
+        importlib.import_module(name)
