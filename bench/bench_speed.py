@@ -1,11 +1,12 @@
 """Whole-job passthrough speed: ShardJob (defaults) vs webdataset, Python's tarfile and `cat`, one run.
 
 Issue 16 measured shardflow's passthrough of large samples (10 MB) as the slowest of the three tar
-tools; this bench reproduces that comparison side by side, interleaved, best and median of --repeat:
+tools; this bench reproduces that comparison side by side, interleaved (a new, seeded order each round),
+best and median of --repeat (CPU time: median, all processes involved):
 
   shardflow      ShardJob(identity).run() with its defaults: processes backend, sha256 receipts,
-                 fsync + atomic rename, run directory with markers (CPU of the pool's workers is
-                 not counted: they are children of the fork server)
+                 fsync + atomic rename, run directory with markers (CPU counts the pool's workers,
+                 reaped by the fork server; the fork server starts once, in the first round)
   shardflow serial  the same job in this process (its CPU time is counted)
   webdataset     wds.tarfile_to_samples -> wds.TarWriter(encoder=False) (no checksum, no fsync)
   tarfile        tarfile.open("r|") -> tarfile.open("w") addfile(member, extractfile) copy
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import resource
 import shutil
 import statistics
@@ -96,8 +98,19 @@ METHODS = {
 
 
 def cpu() -> float:
+    """CPU of this process, of the children it reaped (cat), and of live descendants (the fork server)
+    with the children they reaped (the processes backend's workers)."""
+    import psutil
+
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    total = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    for child in psutil.Process().children(recursive=True):
+        try:
+            t = child.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+        except psutil.NoSuchProcess:
+            pass
+    return total
 
 
 def main() -> None:
@@ -116,8 +129,13 @@ def main() -> None:
         subprocess.run(["cat", src], stdout=subprocess.DEVNULL, check=True)
         methods = args.methods.split(",")
         times: dict[str, list[tuple[float, float]]] = {m: [] for m in methods}
-        for _ in range(args.repeat):
-            for name in methods:
+        for round_ in range(args.repeat):
+            # a new order every round (seeded): on this shared machine a run's CPU time swings up to
+            # 1.7x with what ran just before it (deleting and fsyncing 1 GB leaves kernel work behind);
+            # a fixed (or rotated) order charged that to the same method every round
+            order = list(methods)
+            random.Random(round_).shuffle(order)
+            for name in order:
                 out = os.path.join(root, "out")
                 shutil.rmtree(out, ignore_errors=True)
                 os.makedirs(out)
@@ -130,10 +148,14 @@ def main() -> None:
         best = {m: size / min(t for t, _ in ts) / 1e6 for m, ts in times.items()}
         for name, ts in times.items():
             med = statistics.median(t for t, _ in ts)
-            cpu_s = min(c for _, c in ts)
+            cpu_s = statistics.median(c for _, c in ts)
             ratios = "  ".join(f"{best[name] / best[o]:.2f}x {o}" for o in methods if o != name)
             print(f"  {name:17s} {best[name]:6.0f} MB/s best {size / med / 1e6:6.0f} median  cpu {cpu_s:5.2f}s"
                   f"  {ratios}")
+        cpu_med = {m: statistics.median(c for _, c in ts) for m, ts in times.items()}
+        for name in (m for m in methods if m.startswith("shardflow")):
+            ratios = "  ".join(f"{cpu_med[o] / cpu_med[name]:.2f}x {o}" for o in methods if o != name)
+            print(f"  by CPU time (theirs / ours): {name:17s} {ratios}")
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -96,6 +96,10 @@ def _alive(pid: int) -> bool:
 _PRELOAD = ("numpy", "PIL.Image", "simplejpeg", "fsspec", "torch", "torchvision", "torchvision.transforms.v2",
             "torchvision.models", "shardflow.run.run_task",
             "shardflow.codecs", "shardflow.backends.local")
+# ... and those every task imports in a worker anyway (seeding, temp names, local files, unpickling the
+# job): imported once in the server, not once per worker, i.e. once per job run (issue 16).
+_WORKER_NEEDS = ("numpy.random", "secrets", "fsspec.implementations.local", "shardflow.run.job",
+                 "shardflow.storage.openers")
 
 
 def _mp_context() -> "multiprocessing.context.BaseContext":
@@ -109,6 +113,7 @@ def _mp_context() -> "multiprocessing.context.BaseContext":
     if "forkserver" in multiprocessing.get_all_start_methods():
         context = multiprocessing.get_context("forkserver")
         preload = [name for name in _PRELOAD if name in sys.modules or name.startswith("shardflow")]
+        preload += _WORKER_NEEDS
         context.set_forkserver_preload(preload)
         return context
     return multiprocessing.get_context("spawn")

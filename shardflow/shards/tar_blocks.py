@@ -83,23 +83,28 @@ class Blocks:
             self.offset += len(data)
             self.short = len(data) < n
             return data
-        parts = [buf[pos:]] if pos < len(buf) else []
+        # Refill: the new chunk becomes the buffer as it is; only the n bytes asked for are joined
+        # (the rest of the old buffer, by reference, and the head of the chunk), never the whole
+        # chunk again: one copy of the shard's bytes less, and no fresh ~1 MiB buffer per refill.
+        parts: list[bytes | memoryview] = [memoryview(buf)[pos:]] if pos < len(buf) else []
         have = len(buf) - pos
+        self._buf, self._pos = b"", 0
         while have < n:
             chunk = self._raw(min(max(n - have, _CHUNK), _MAX_READ))
             if not chunk:
                 break
+            need = n - have
+            if len(chunk) > need:  # more than asked: keep the chunk, hand on its head
+                parts.append(memoryview(chunk)[:need])
+                self._buf, self._pos = chunk, need
+                have = n
+                break
             parts.append(chunk)
             have += len(chunk)
-        joined = parts[0] if len(parts) == 1 else b"".join(parts)
-        if have <= n:
-            self._buf, self._pos = b"", 0
-            self.offset += have
-            self.short = have < n
-            return joined
-        self._buf, self._pos = joined, n
-        self.offset += n
-        return joined[:n]
+        data = parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else b"".join(parts)
+        self.offset += have
+        self.short = have < n
+        return data
 
     def push_back(self, data: bytes) -> None:
         """Make `data` (just taken) the next bytes to be read again."""
