@@ -58,8 +58,11 @@ def _connect(address: str | None, client: Any, workers: int | None, threads_per_
     from shardflow.backends.local import default_workers
 
     # worker-saturation 1.0: a worker holds only the tasks it is running, so when a task kills its
-    # worker no innocent task queued behind it on that worker is counted towards allowed-failures
-    with dask.config.set({"distributed.scheduler.worker-saturation": 1.0}):
+    # worker no innocent task queued behind it on that worker is counted towards allowed-failures.
+    # The workers' statistical profiler (a 10 ms sampler sharing the GIL with the tasks) is off on the
+    # clusters started here: 3-7 % of the workers' CPU in every round measured (bench/README.md, Speed)
+    with dask.config.set({"distributed.scheduler.worker-saturation": 1.0,
+                          "distributed.worker.profile.enabled": False}):
         cluster = distributed.LocalCluster(
             n_workers=workers or default_workers(), threads_per_worker=threads_per_worker, processes=True,
             dashboard_address=dashboard_address,
