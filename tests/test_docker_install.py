@@ -150,7 +150,7 @@ def test_image_install_runs_a_reshard(tmp_path):
     manifest = yaml.safe_load(sf(
         "k8s", "reshard", "--inputs", str(tmp_path / "in" / "in-{000000..000006}.tar"),
         "--outputs", f"{out}/part-{{task:06d}}-{{part:03d}}.tar", "--set", "maxcount=3", "--set", "inputs_per_task=2",
-        "--image", "shardflow:test", "--tasks-per-pod", "3").stdout)
+        "--image", "shardflow:test", "--tasks-per-pod", "3", "--pvc", f"data:{tmp_path}").stdout)
     assert manifest["spec"]["completions"] == 2  # 4 tasks, 3 per pod
     args = manifest["spec"]["template"]["spec"]["containers"][0]["args"]
     for index in range(2):
