@@ -17,6 +17,7 @@ import cloudpickle
 
 from shardflow.errors import FailureKind
 from shardflow.run.devices import gpu_plan, pin_worker
+from shardflow.run.pids import pid_alive
 from shardflow.run.progress import Progress
 from shardflow.run.run_task import run_task
 from shardflow.run.task import Task, TaskResult
@@ -73,23 +74,8 @@ def _exit_with_driver(driver: int, parent: int) -> None:
     """
     while True:
         time.sleep(1.0)
-        if os.getppid() != parent or not _alive(driver):
+        if os.getppid() != parent or not pid_alive(driver):
             os._exit(1)
-
-
-def _alive(pid: int) -> bool:
-    """Whether process `pid` exists and is not a zombie (a killed driver not yet reaped by its shell)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return True
 
 
 # Modules worth importing once in the fork server rather than in every worker, when the driver uses them.

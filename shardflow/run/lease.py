@@ -28,6 +28,7 @@ import uuid
 from typing import Any
 
 from shardflow.errors import JobError
+from shardflow.run.pids import pid_alive
 from shardflow.run.rundir import RunDir
 
 LEASE_NAME = "lease.json"
@@ -46,13 +47,6 @@ def _user() -> str:
         return "?"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True
 
 
@@ -108,7 +102,7 @@ class RunLease:
         """A lease may be taken when its driver is provably gone (a dead process of this host), or when
         it has expired and the caller says steal."""
         pid = held.get("pid")
-        if held.get("host") == socket.gethostname() and isinstance(pid, int) and not _pid_alive(pid):
+        if held.get("host") == socket.gethostname() and isinstance(pid, int) and not pid_alive(pid):
             return True
         return self.steal and float(held.get("expires", 0)) <= time.time()
 

@@ -1,5 +1,6 @@
-"""ShardInfo: the receipt of a committed shard (tar or record stream), apart from the writers so
-that every kind of shard writer can return one without importing the others."""
+"""ShardInfo, the receipt of a committed shard (tar or record stream), and OneShard, the close/abort
+protocol every single-shard writer shares: apart from the writers so that each kind can use them
+without importing the others."""
 
 from __future__ import annotations
 
@@ -18,3 +19,37 @@ class ShardInfo:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+class OneShard:
+    """`with` and garbage collection for a writer of one shard (it defines `closed`, close(), abort()).
+
+    A clean `with` block commits (close); an exception aborts; a writer dropped without either is
+    aborted, so a half-written shard never appears under its name.
+    """
+
+    closed: bool
+
+    def close(self) -> ShardInfo:
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        raise NotImplementedError
+
+    def __del__(self) -> None:
+        # dropped without close() or abort(): stop the writing thread so the output can be aborted
+        if not getattr(self, "closed", True):
+            try:
+                self.abort()
+            except Exception:  # noqa: BLE001 - never raise from a finaliser
+                pass
+
+    def __enter__(self):  # noqa: ANN204 - the subclass itself
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            if not self.closed:
+                self.close()
+        else:
+            self.abort()

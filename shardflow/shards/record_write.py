@@ -8,14 +8,14 @@ from typing import Any, BinaryIO, Callable
 from shardflow.errors import SampleError, ShardIOError
 from shardflow.shards.keys import Sample, check_key, split_name
 from shardflow.shards.publish import AtomicOutput, open_atomic
-from shardflow.shards.receipt import ShardInfo
+from shardflow.shards.receipt import OneShard, ShardInfo
 from shardflow.shards.records import encode_record, record_format
 from shardflow.shards.sinks import HashingSink
 
 BATCH_BYTES = 1 << 20
 
 
-class RecordWriter:
+class RecordWriter(OneShard):
     """Write samples as concatenated CBOR / MessagePack items into one shard (a URL, committed
     atomically, or an open binary stream). Values may be bytes or anything the format holds."""
 
@@ -116,20 +116,3 @@ class RecordWriter:
             self._sink.drain(discard=True)
             if self._atomic is not None:
                 self._atomic.abort()
-
-    def __del__(self) -> None:
-        if not getattr(self, "closed", True):
-            try:
-                self.abort()
-            except Exception:  # noqa: BLE001 - never raise from a finaliser
-                pass
-
-    def __enter__(self) -> RecordWriter:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            if not self.closed:
-                self.close()
-        else:
-            self.abort()

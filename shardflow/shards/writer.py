@@ -13,7 +13,7 @@ from shardflow.errors import ShardIOError
 from shardflow.shards.committer import BackgroundCommitter
 from shardflow.shards.keys import Sample
 from shardflow.shards.publish import STREAMING_UPLOAD_PROTOCOLS, AtomicOutput, open_atomic
-from shardflow.shards.receipt import ShardInfo
+from shardflow.shards.receipt import OneShard, ShardInfo
 from shardflow.shards.record_write import RecordWriter
 from shardflow.shards.records import record_format
 from shardflow.shards.samples import sample_members
@@ -71,7 +71,7 @@ def _remove_task_temps(part: Callable[[int], str], storage_options: dict[str, An
     return removed
 
 
-class TarWriter:
+class TarWriter(OneShard):
     """Write samples into one tar shard (a URL, committed atomically, or an open binary stream).
 
     `encoder` turns decoded values into bytes (see codecs.Encoder); without one every value must
@@ -175,24 +175,6 @@ class TarWriter:
                     self._owned.close()
                 except (OSError, ShardIOError):
                     pass
-
-    def __del__(self) -> None:
-        # dropped without close() or abort(): stop the writing thread so the output can be aborted
-        if not getattr(self, "closed", True):
-            try:
-                self.abort()
-            except Exception:  # noqa: BLE001 - never raise from a finaliser
-                pass
-
-    def __enter__(self) -> "TarWriter":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            if not self.closed:
-                self.close()
-        else:
-            self.abort()
 
 
 def sample_tar_size(members: list[tuple[str, bytes]]) -> int:
