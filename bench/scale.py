@@ -232,8 +232,10 @@ def subprocess_rows(n: int, tmp: str) -> list[dict[str, Any]]:
     """Planning and manifests at N tasks, each in a fresh process: wall, peak RSS."""
     rows = []
     code = {
-        "prepare (plan.json)": "job.prepare()",
-        "argo manifest (--no-prepare)": "job.to_argo('img:1', prepare=False)",
+        # overwrite=True: the bucket is not served here, so skip the guard that lists the output folder;
+        # the in-place check over every task still runs
+        "prepare (plan.json)": "job.prepare(overwrite=True)",
+        "argo manifest (--no-prepare)": f"job.to_argo('img:1', prepare=False, pvcs=[('data', {tmp!r})])",
     }
     for label, call in code.items():
         script = (f"import sys,time; sys.path.insert(0,{str(REPO)!r})\n"

@@ -18,10 +18,11 @@ import functools
 import os
 import re
 import string
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from shardflow.errors import JobError
 from shardflow.run.fingerprint import code_difference, code_fingerprint, default_run_dir_name
+from shardflow.run.plan_table import TaskTable
 from shardflow.run.rundir import RunDir
 from shardflow.run.task import Task
 from shardflow.storage.atomic import is_temp_name
@@ -106,7 +107,8 @@ def _existing_shards(directory: str, options: dict[str, Any] | None) -> list[str
     return out
 
 
-def check_foreign_shards(job: Any, tasks: list[Task], run_dir: RunDir) -> None:
+def check_foreign_shards(job: Any, tasks: list[Task] | Callable[[], list[Task]], run_dir: RunDir, *,
+                         directories: list[str] | None = None) -> None:
     """Refuse output directories holding shards that are neither this job's outputs nor its inputs.
 
     "This job's outputs" are, once its run directory holds a plan, the names the plan gives (part 0 and
@@ -114,21 +116,60 @@ def check_foreign_shards(job: Any, tasks: list[Task], run_dir: RunDir) -> None:
     foreign). Before a first run nothing is: a shard already under a planned name was written by
     someone else (another job, or a run whose run directory is gone).
     """
-    known: list[Task] = []
-    if run_dir.exists("plan.json"):  # a run of this job started here: the names it plans are its own
-        plan = run_dir.read_json("plan.json")
-        if plan.get("overwrite"):
-            return  # an earlier run of this run directory was told to write there anyway
-        known = list(tasks) + list(run_dir.load_tasks(plan, range(run_dir.task_count(plan))))  # any plan version
+    plan = run_dir.read_json("plan.json") if run_dir.exists("plan.json") else None
+    if plan is not None and plan.get("overwrite"):
+        return  # an earlier run of this run directory was told to write there anyway
+    if directories is None:
+        tasks = tasks() if callable(tasks) else tasks
+        directories = sorted({t.output.rpartition("/")[0] or "." for t in tasks})
+    existing = [(d, url) for d in directories[:MAX_DIRS_LISTED] for url in _existing_shards(d, job.options_for(d))]
+    if not existing:  # a first run into empty folders (a million tasks from a table: no task is made)
+        return
+    tasks = tasks() if callable(tasks) else tasks
+    # a run of this job started here: the names its plan gives are its own (any plan version)
+    # before a first run nothing is (a shard under a planned name was written by someone else)
+    known = list(tasks) + list(run_dir.load_tasks(plan, range(run_dir.task_count(plan)))) if plan else []
     names, patterns = _planned(known)
     inputs = {_canonical(u) for t in tasks for u in t.inputs}
-    directories = sorted({t.output.rpartition("/")[0] or "." for t in tasks})[:MAX_DIRS_LISTED]
-    for directory in directories:
-        for url in _existing_shards(directory, job.options_for(directory)):
-            if url not in inputs and not _ours(url, names, patterns):
-                raise JobError(f"output directory {directory} holds shards this job did not write (e.g. "
-                               f"{url.rsplit('/', 1)[-1]}): they could be another dataset; choose another "
-                               "output directory, or pass --overwrite (overwrite=True) to write there anyway")
+    for directory, url in existing:
+        if url not in inputs and not _ours(url, names, patterns):
+            raise JobError(f"output directory {directory} holds shards this job did not write (e.g. "
+                           f"{url.rsplit('/', 1)[-1]}): they could be another dataset; choose another "
+                           "output directory, or pass --overwrite (overwrite=True) to write there anyway")
+
+
+def check_table(job: Any, table: dict[str, Any], run_dir: RunDir, *, overwrite: bool = False) -> None:
+    """The checks above for a plan given as a table (run.plan_table): decided from the folders its
+    columns name, so a million-task plan whose outputs go to other folders than its inputs, into empty
+    folders, is checked without making one Task. Otherwise the tasks are made (once) and checked."""
+    made: list[list[Task]] = []
+
+    def tasks() -> list[Task]:
+        if not made:
+            made.append(list(TaskTable(table).tasks(range(int(table["count"])))))
+        return made[0]
+
+    inputs, outputs, parts = (_table_folders(table[c]) for c in ("inputs", "outputs", "output_parts"))
+    if inputs is None or outputs is None or parts is None or (
+            {_canonical_folder(f) for f in inputs} & {_canonical_folder(f) for f in outputs | parts}):
+        check_not_in_place(tasks())  # inputs and outputs may share a folder: compare every name
+    if not overwrite:
+        check_foreign_shards(job, tasks, run_dir, directories=None if outputs is None else sorted(outputs))
+
+
+def _table_folders(runs: list[dict[str, Any]]) -> set[str] | None:
+    """The folders a table column's names are in (None when a run's number is in a folder name)."""
+    folders: set[str] = set()
+    for run in runs:
+        if "l" not in run and "/" in run["s"]:
+            return None
+        for name in run["l"] if "l" in run else [f"{run['p']}0{run['s']}"]:
+            folders.add(name.replace("{{", "{").replace("}}", "}").rpartition("/")[0] or ".")
+    return folders
+
+
+def _canonical_folder(folder: str) -> str:
+    return _canonical(folder + "/x").rpartition("/")[0]
 
 
 def check_code(job: Any, run_dir: RunDir, *, redo: bool = False, resume_anyway: bool = False,

@@ -17,7 +17,6 @@ from shardflow.run.context import TaskContext
 from shardflow.run.inputs import input_urls, input_views, job_decoder, views_setting
 from shardflow.run.lazy_plan import table_from_specs
 from shardflow.run.naming import output_names
-from shardflow.run.plan_table import TaskTable
 from shardflow.run.rundir import RunDir
 from shardflow.run.task import Task
 from shardflow.run.worker_fn import PerWorker, per_worker
@@ -230,11 +229,13 @@ class ShardJob:
         run_dir.remove_stale_temps()  # a driver killed mid-write of a marker leaves one behind
         # a brace range with an output pattern is stored as a table: 1M tasks never become 1M JSON objects
         table = None if self._tasks is not None else table_from_specs(self.inputs, self.outputs, self.inputs_per_task)
-        # the guards look at every task; from a table they are made one by one, not kept on the job
-        tasks = self.plan() if table is None else list(TaskTable(table).tasks(range(int(table["count"]))))
-        guard.check_not_in_place(tasks)
-        if not overwrite:
-            guard.check_foreign_shards(self, tasks, run_dir)
+        if table is None:
+            tasks = self.plan()
+            guard.check_not_in_place(tasks)
+            if not overwrite:
+                guard.check_foreign_shards(self, tasks, run_dir)
+        else:  # from the table's folders: no Task made unless inputs and outputs share a folder
+            guard.check_table(self, table, run_dir, overwrite=overwrite)
         code = guard.code_fingerprint(self)
         planned: dict[str, Any] = {"table": table} if table is not None else {"tasks": tasks}
         run_dir.init_plan({"job": self.describe(), **planned, "settings": self.settings(), "code": code}, force=force)

@@ -40,7 +40,10 @@ def plan_fingerprint(tasks: Iterable[Task | dict[str, Any]], settings: dict[str,
     # as written down: no URL password, not even hashed (redact_urls_deep leaves other strings as they are)
     digest.update(b"[" if settings is None else f'{{"settings":{_dumps(redact_urls_deep(settings))},"tasks":['.encode())
     for i, task in enumerate(tasks):
-        digest.update(((',' if i else '') + _dumps(redact_urls_deep(as_json(task)))).encode())
+        text = _dumps(as_json(task))
+        if "@" in text:  # only a URL with userinfo changes when redacted
+            text = _dumps(redact_urls_deep(as_json(task)))
+        digest.update(((',' if i else '') + text).encode())
     digest.update(b"]" if settings is None else b"]}")
     return digest.hexdigest()
 
