@@ -158,10 +158,22 @@ def read_source(source: str, storage_options: dict[str, Any] | None, timeout: fl
 
 
 def default_jobs(samples: list[PlannedSample]) -> int:
-    """Reads in flight: a few for local files (more threads only fight over the GIL), many for remote."""
-    remote = any(not is_local(source) and not source.startswith(("text:", "pipe:"))
-                 for planned in samples[:100] for _, source in planned.members)
-    return 32 if remote else 4
+    """Reads in flight: many for remote sources (round trips), one read-ahead thread for local files.
+
+    Measured on 100k tiny files in the page cache: 1 thread 0.91 s, 2 threads 1.02 s, 4 threads 1.42 s
+    (more threads only fight the writer over the GIL); `--jobs` raises it for a cold or network disk."""
+    return 32 if _remote(samples) else 1
+
+
+def default_batch(samples: list[PlannedSample]) -> int:
+    """Samples per read-ahead task: small for remote reads (spread over threads), large for local files
+    (fewer hand-overs between the reading thread and the writer: 0.84 s against 0.97 s for 256 vs 32)."""
+    return 32 if _remote(samples) else 256
+
+
+def _remote(samples: list[PlannedSample]) -> bool:
+    return any(not is_local(source) and not source.startswith(("text:", "pipe:"))
+               for planned in samples[:100] for _, source in planned.members)
 
 
 def read_samples_parallel(samples: list[PlannedSample], storage_options: dict[str, Any] | None,
@@ -208,7 +220,7 @@ def write_shards(samples: list[PlannedSample], pattern: str, *, maxcount: int, m
     writer = ShardWriter(_shard_pattern(pattern), maxcount=maxcount, maxsize=maxsize,
                          storage_options=so.options_for(pattern, storage_options))
     with writer:
-        for sample in read_samples_parallel(samples, storage_options, jobs):
+        for sample in read_samples_parallel(samples, storage_options, jobs, batch=default_batch(samples)):
             writer.write(sample)
             if progress is not None:
                 progress(1)
