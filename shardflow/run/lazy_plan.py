@@ -15,16 +15,18 @@ import braceexpand
 
 from shardflow.run.naming import is_pattern, pattern_name
 from shardflow.run.plan_table import RunBuilder
-from shardflow.storage.specs import numeric_ranges
+from shardflow.storage.specs import numeric_ranges, spec_parts
 
 
 def table_from_specs(inputs: str | Sequence[str], outputs: str | Sequence[str], per_task: int) -> dict[str, Any] | None:
     """The TaskTable data of the plan these specs make, or None when they are not a brace range of inputs
     and an output pattern whose names come out as one numbered run (so provably distinct)."""
-    if not isinstance(inputs, str) or numeric_ranges(inputs) is None or not is_pattern(outputs):
+    if not isinstance(inputs, str) or not is_pattern(outputs):
         return None
-    if "::" in inputs or "${" in inputs:  # joined lists and ${VAR}: storage.specs.expand's syntax, planned by it
+    pieces = spec_parts(inputs)  # the spec as expand() reads it: `a::b` joined lists, ${VAR} expanded
+    if len(pieces) != 1 or numeric_ranges(pieces[0]) is None:
         return None
+    inputs = pieces[0]
     names, outs, parts = RunBuilder(), RunBuilder(), RunBuilder()
     count, first, in_group = 0, "", 0
     for url in braceexpand.braceexpand(inputs):

@@ -36,13 +36,11 @@ def expand(spec: Spec, storage_options: Options = None) -> list[str]:
     Brace groups expand in order; patterns with glob characters are listed once each and sorted.
     A spec with no shards is an error: an empty run is almost always a typo.
     """
-    parts = [p for part in ([spec] if isinstance(spec, str) else list(spec)) for p in split_joined(part)]
     urls: list[str] = []
-    for part in parts:
+    for part in spec_parts(spec):
         if part == "-" or part.startswith("pipe:"):
             urls.append(part)
             continue
-        part = expand_vars(part)
         for url in braceexpand.braceexpand(part):
             if GLOB_CHARS & set(_path_part(url)):
                 urls.extend(_glob(url, storage_options))
@@ -51,6 +49,13 @@ def expand(spec: Spec, storage_options: Options = None) -> list[str]:
     if not urls:
         raise ShardIOError(f"spec {spec!r} names no shards")
     return urls
+
+
+def spec_parts(spec: Spec) -> list[str]:
+    """The pieces of a spec as expand() reads them: lists and `a::b` joins split, `${VAR}` expanded
+    (pipe: commands and `-` left as written: their `${...}` is the shell's)."""
+    parts = [p for part in ([spec] if isinstance(spec, str) else list(spec)) for p in split_joined(part)]
+    return [p if p == "-" or p.startswith("pipe:") else expand_vars(p) for p in parts]
 
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -96,7 +101,7 @@ def split_joined(spec: str) -> list[str]:
 def count(spec: Spec, storage_options: Options = None) -> int:
     """len(expand(spec)) without holding the URLs (brace ranges are counted, globs listed once each)."""
     total = 0
-    for part in [spec] if isinstance(spec, str) else list(spec):
+    for part in spec_parts(spec):
         if part == "-" or part.startswith("pipe:"):
             total += 1
             continue
