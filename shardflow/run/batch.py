@@ -21,10 +21,10 @@ from shardflow.run.context import TaskContext
 from shardflow.run.failures import SampleFailures
 from shardflow.run.overlap import read_ahead
 from shardflow.run.overlap import sink as make_sink
-from shardflow.run.process import SampleProcessor, reuse_raw, unchanged_values
+from shardflow.run.process import SampleProcessor, output_key_problem, reuse_raw, unchanged_values
 from shardflow.run.seeds import seed_globals, stable_seed
 from shardflow.run.stats import Stats
-from shardflow.shards.keys import Sample, check_key
+from shardflow.shards.keys import Sample
 
 Report = Callable[[Exception], None]
 OpenSamples = Callable[[Report], Iterable[Sample]]  # read_samples(stream, url, report=...) of one input
@@ -107,10 +107,7 @@ class BatchProcessor:
         out = []
         for sample, source in pairs:
             out_key, in_key = sample["__key__"], keys[source]
-            why = check_key(out_key) if isinstance(out_key, str) else f"output __key__ must be str, not {out_key!r}"
-            if why is None and out_key in self.produced_by:
-                first = self.produced_by[out_key]
-                why = f"output key {out_key!r} produced twice (by input samples {first!r} and {in_key!r})"
+            why = output_key_problem(out_key, in_key, self.produced_by)
             if why is not None:
                 self.failures.record(JobError(why, url=url, key=in_key), url, in_key, "process")
                 continue

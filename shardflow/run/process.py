@@ -57,10 +57,7 @@ class SampleProcessor:
         encoded = []
         for out in outputs:
             out_key = out["__key__"]
-            why = check_key(out_key)
-            if why is None and out_key in self.produced_by:
-                first = self.produced_by[out_key]
-                why = f"output key {out_key!r} produced twice (by input samples {first!r} and {key!r})"
+            why = output_key_problem(out_key, key, self.produced_by)
             if why is not None:
                 self.failures.record(JobError(why, url=url, key=key), url, key, "process")
                 continue
@@ -71,6 +68,15 @@ class SampleProcessor:
                 continue
             self.produced_by[out_key] = key
         return encoded
+
+
+def output_key_problem(out_key: Any, in_key: str, produced_by: dict[str, str]) -> str | None:
+    """Why an output key cannot be written in this task (None when it can): not a key that reads back
+    identically, or already produced from another input sample (`produced_by`: output key -> input key)."""
+    why = check_key(out_key)
+    if why is None and out_key in produced_by:
+        why = f"output key {out_key!r} produced twice (by input samples {produced_by[out_key]!r} and {in_key!r})"
+    return why
 
 
 def unchanged_values(raw: Sample, decoded: Sample) -> dict[int, tuple[str, bytes]]:
