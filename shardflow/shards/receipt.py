@@ -29,6 +29,18 @@ class OneShard:
     """
 
     closed: bool
+    url: str
+    nsamples: int
+    _atomic: Any  # the AtomicOutput the writer owns (a URL it was given), or None (a stream)
+    _sink: Any  # the HashingSink every byte went through
+
+    def _commit(self) -> ShardInfo:
+        """After every byte was written: closed, published under its name (when the writer owns the
+        output), and the receipt (count, size, digest from the sink)."""
+        self.closed = True
+        if self._atomic is not None:
+            self._atomic.commit()  # aborts and raises ShardIOError itself when it fails
+        return ShardInfo(self.url, self.nsamples, self._sink.nbytes, self._sink.hexdigest())
 
     def close(self) -> ShardInfo:
         raise NotImplementedError

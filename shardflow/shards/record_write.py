@@ -103,10 +103,7 @@ class RecordWriter(OneShard):
             if isinstance(exc, OSError):
                 raise ShardIOError(f"write failed: {exc}", url=self.url) from exc
             raise
-        self.closed = True
-        if self._atomic is not None:
-            self._atomic.commit()
-        return ShardInfo(self.url, self.nsamples, self._sink.nbytes, self._sink.hexdigest())
+        return self._commit()
 
     def abort(self) -> None:
         """Throw the shard away (nothing appears under its name); safe to call more than once."""
