@@ -25,7 +25,7 @@ from shardflow.cli.common import (
     parse_storage_options,
     storage_option_flag,
 )
-from shardflow.cli.locations import location_flags, printable
+from shardflow.cli.locations import location_flags
 from shardflow.errors import ShardflowError
 from shardflow.shards.keys import Sample
 from shardflow.shards.records import iter_records, record_format, value_bytes
@@ -37,7 +37,7 @@ from shardflow.storage.counting import CountingReader
 from shardflow.storage.locate import resolve
 from shardflow.storage.schemes import open_read
 from shardflow.storage.specs import expand
-from shardflow.text import safe, safe_repr
+from shardflow.text import escape, safe, safe_repr
 
 _PIPE_HELP = "allow pipe:CMD URLs (they run shell commands)"
 
@@ -315,7 +315,7 @@ def stats_command(spec: tuple[str, ...], as_json: bool, jobs: int, on_error: str
         groups = _groups(spec, options)
         if verbose:
             for url in (u for _, urls in groups for u in urls):
-                click.echo(f"{printable(url)} -> {printable(resolve(url))}")
+                click.echo(f"{escape(url)} -> {escape(resolve(url))}")
         parts = [(name, _pool_stats(urls, options, allow_pipe, on_error, jobs)) for name, urls in groups]
         total = _Stats()
         for _, st in parts:

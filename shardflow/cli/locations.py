@@ -10,12 +10,6 @@ from typing import Any, Callable
 import click
 
 from shardflow.storage.locate import ENV_REWRITE, LocateError, set_locations
-from shardflow.text import escape
-
-
-def printable(text: str) -> str:
-    """`text` with control characters escaped (a URL from a listing may hold any byte)."""
-    return escape(text)
 
 
 def _set_mirror(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
