@@ -590,4 +590,5 @@ def test_memory_and_files_stable_over_20_epochs(tmp_path):
         rss[epoch], fds[epoch] = proc.memory_info().rss, proc.num_fds()
     growth = rss[20] - rss[2]
     assert growth < 4 * 2**20, f"RSS grew by {growth / 2**20:.1f} MiB from epoch 2 to 20"
-    assert fds[20] == fds[2], "file descriptors leak across epochs"
+    # A leak grows with epochs; a descriptor left by an earlier test may close meanwhile (27 after 28 in CI).
+    assert fds[20] <= fds[2], f"file descriptors leak across epochs: {fds[2]} after epoch 2, {fds[20]} after 20"
