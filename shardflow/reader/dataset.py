@@ -35,6 +35,7 @@ from shardflow.reader.collate import collate
 from shardflow.reader.gpu import GpuDecoder
 from shardflow.reader.layout import Layout
 from shardflow.reader.mix import load_shards
+from shardflow.reader.place import ImagePlacer
 from shardflow.reader.prepare import SampleDecoders, SamplePreparer
 from shardflow.reader.settings import ReaderSettings
 from shardflow.reader.shard_source import ShardSource
@@ -334,12 +335,16 @@ class ShardDataset(IterableDataset):
         if collate_batch is None:
             collate_batch = functools.partial(collate, shared=shared, channels_last=s.channels_last, ring=ring)
         errors = ErrorCount(s.on_error, start.errors)
+        placer = None
+        if s.collate_fn is None and s.batch_size is not None and self._decoders.placeable and not gpu_defer:
+            placer = ImagePlacer(s.batch_size, s.channels_last, shared, ring)
         return EpochStream(
             plan=plan, source=ShardSource(self.urls, s, self._manifest, self._shard_cache, locator=self._locator)
             if self._mix is None else self._mix.source(s, self._shard_cache, self._locator),
-            prepare=SamplePreparer(self._decoders, s.map, s.to_tuple, errors, gpu_defer),
+            prepare=SamplePreparer(self._decoders, s.map, s.to_tuple, errors, gpu_defer, placer),
             collate=collate_batch, ring=ring, cursor=Cursor(worker, start, errors),
             shuffle=s.shuffle, seed=s.seed, batch_size=s.batch_size, partial=s.partial, gpu_defer=gpu_defer,
+            placer=placer,
         )
 
     def _shard_cache(self) -> ShardCache:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from shardflow.reader.layout import EpochPlan
+from shardflow.reader.place import ImagePlacer
 from shardflow.reader.prepare import SamplePreparer
 from shardflow.reader.shard_source import ShardSource
 from shardflow.reader.shm import Ring, UsedSlots, outgoing
@@ -62,6 +63,7 @@ class EpochStream:
     batch_size: int | None
     partial: bool
     gpu_defer: bool  # raw JPEGs stay encoded for the GPU
+    placer: ImagePlacer | None = None  # decodes JPEGs into their batch row: told the row here
 
     def __iter__(self) -> Iterator[tuple[Any, ConsumerTag]]:
         yield from self._batches(self._prepared(self._skipped(self._passes())))
@@ -119,7 +121,7 @@ class EpochStream:
 
     def _batches(self, samples: Iterator[Any]) -> Iterator[tuple[Any, ConsumerTag]]:
         """Items with their tags: samples one by one, or batches (the last one partial if allowed)."""
-        cursor, batch_size = self.cursor, self.batch_size
+        cursor, batch_size, placer = self.cursor, self.batch_size, self.placer
         batch: list[Any] = []
         try:
             for sample in samples:
@@ -131,6 +133,8 @@ class EpochStream:
                 if len(batch) == batch_size:
                     yield self._batch(batch)
                     batch = []
+                if placer is not None:
+                    placer.row = len(batch)  # the row the next sample takes
         finally:
             samples.close()  # type: ignore[attr-defined]
         quota = self.plan.quota
