@@ -69,6 +69,15 @@ def _simplejpeg() -> Any:
     return simplejpeg
 
 
+def preload_decoders() -> None:
+    """Import what image decoding needs (simplejpeg, Pillow and its common plugins) now: done before
+    forking DataLoader workers, each of them starts with it instead of importing it again."""
+    _simplejpeg()
+    from PIL import Image
+
+    Image.preinit()  # the common formats (JPEG, PNG, ...); Image.init() would import every plugin
+
+
 def jpeg_size(data: Any) -> tuple[int, int] | None:
     """(height, width) of a JPEG simplejpeg can decode to RGB, or None: no simplejpeg, not a JPEG it
     reads, or larger than Pillow's decompression-bomb limit (Pillow then decides and explains)."""

@@ -77,6 +77,12 @@ class ImagePlacer:
         self.buffer: BatchBuffer | None = None
         self.scratch: np.ndarray | None = None  # HWC decode target for CHW batches
 
+    def close(self) -> None:
+        """The epoch is over: a buffer no batch claimed (its samples dropped) goes back to the ring."""
+        if self.buffer is not None and not self.buffer.claimed:
+            self.buffer.release()
+        self.buffer = None
+
     def place(self, key: str, data: Any) -> PlacedImage | None:
         """`data` (a JPEG) decoded into the current row; None: decode it the usual way instead."""
         if self.key is None:

@@ -66,7 +66,11 @@ class EpochStream:
     placer: ImagePlacer | None = None  # decodes JPEGs into their batch row: told the row here
 
     def __iter__(self) -> Iterator[tuple[Any, ConsumerTag]]:
-        yield from self._batches(self._prepared(self._skipped(self._passes())))
+        try:
+            yield from self._batches(self._prepared(self._skipped(self._passes())))
+        finally:
+            if self.placer is not None:
+                self.placer.close()  # a batch buffer nothing claimed goes back to the ring
         # the final tally (problems found after the last batch), not an item for the user
         yield EndOfWorker(), self.cursor.tag()
 
