@@ -89,3 +89,18 @@ def test_batches_held_across_epochs_stay_intact(urls, channels_last):
     for ks, images in held:
         for k, img in zip(ks, images):
             assert torch.equal(img, ref[k]), k
+
+
+def test_kept_workers_hold_memory_and_files_steady(urls):
+    psutil = pytest.importorskip("psutil")
+    loader = Loader(dataset(urls), num_workers=2)
+    me, seen = psutil.Process(), []
+    for _ in range(8):
+        assert len(keys(loader)) == 45
+        kids = me.children()
+        seen.append(({k.pid for k in kids}, me.num_fds(), sum(k.num_fds() for k in kids),
+                     sum(k.memory_info().rss for k in kids)))
+    pids, fds, kid_fds, kid_rss = seen[1]
+    assert all(s[0] == pids for s in seen[1:]), "the workers were restarted"
+    assert seen[-1][1] <= fds and seen[-1][2] <= kid_fds, "file descriptors leak across epochs"
+    assert seen[-1][3] - kid_rss < 8 * 2**20, "the workers' memory grows across epochs"
