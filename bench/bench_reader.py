@@ -10,8 +10,13 @@ tensor), same batch size, same shuffle buffer, same number of worker processes, 
               uint8 CHW tensors (codecs' torchrgb8 decode), no I/O, no tar, no batches, no IPC
   shardflow-cl  ShardDataset(..., channels_last=True): the same values in channels-last memory, so
               no HWC -> CHW transposition; compared with limit-hwc (JPEG -> HWC uint8, decode only)
+  shardflow-Nep, shardflow-cl-Nep  one Loader iterated for --epochs epochs, as training does (the
+              rows above build a new Loader for one epoch, so each pays forking and starting the
+              workers, which the limit does not): samples/s of its best epoch after the first
+              (persistent workers: no start-up), CPU per image over all its epochs (start-up included)
+              and of its cheapest epoch after the first
 
-Reported: samples/s over the whole epoch (startup included), ratio to webdataset, % of the decode
+Reported: samples/s over the whole epoch (startup included; see -Nep), ratio to webdataset, % of the decode
 limit, and time to the first batch (from constructing the dataset). Each reader runs `--repeat`
 times, alternating, and the best run of each is kept (the machine may be shared).
 
@@ -100,8 +105,47 @@ def run_shardflow(urls, args, gpu=False, channels_last=False):
     ds = sf.ShardDataset(urls, decode="torchrgb8-gpu" if gpu else "torchrgb8", batch_size=args.batch,
                          shuffle=args.shuffle, seed=0, to_tuple="jpg cls", on_error="raise",
                          channels_last=channels_last)
-    loader = sf.Loader(ds, num_workers=args.workers, pin_memory=gpu)
-    return consume(loader, t0, gpu, cpu0)
+    # consume() holds the only reference: dropping it stops the workers, so their CPU time counts
+    return consume(sf.Loader(ds, num_workers=args.workers, pin_memory=gpu), t0, gpu, cpu0)
+
+
+def run_shardflow_epochs(urls, args, channels_last=False):
+    """One Loader, --epochs epochs: the best epoch after the first, CPU over all of them, and the
+    CPU of its cheapest epoch after the first (the workers live on: read from /proc)."""
+    cpu0, t0 = _cpu(), time.perf_counter()
+    ds = sf.ShardDataset(urls, decode="torchrgb8", batch_size=args.batch, shuffle=args.shuffle, seed=0,
+                         to_tuple="jpg cls", on_error="raise", channels_last=channels_last)
+    loader = sf.Loader(ds, num_workers=args.workers, pin_memory=False)
+    walls, cpus, n, first = [], [], 0, None
+    for _ in range(args.epochs):
+        t, c = time.perf_counter(), _live_cpu()
+        for images, _labels in loader:
+            if first is None:
+                first = time.perf_counter() - t0
+            assert images.dtype == torch.uint8 and images.shape[1:] == (3, 256, 256), (images.dtype, images.shape)
+            n += images.shape[0]
+        walls.append(time.perf_counter() - t)
+        cpus.append(_live_cpu() - c)
+    del loader, images, _labels  # the workers stop and are reaped: their CPU time counts below
+    cpu = _cpu() - cpu0
+    per_epoch, wall = n // args.epochs, min(walls[1:] or walls)
+    return {"samples": per_epoch, "seconds": wall, "samples_per_s": per_epoch / wall, "first_batch_s": first,
+            "epoch_seconds": walls, "epoch_cpu_s": cpus, "cpu_s": cpu, "cpu_us_per_sample": 1e6 * cpu / n,
+            "steady_cpu_us_per_sample": 1e6 * min(cpus[1:] or cpus) / per_epoch}
+
+
+def _live_cpu() -> float:
+    """CPU seconds of this process and of its live children (persistent workers are not reaped)."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    total = me.ru_utime + me.ru_stime
+    for child in mp.active_children():
+        try:
+            with open(f"/proc/{child.pid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
 
 
 def run_webdataset(urls, args):
@@ -189,6 +233,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--shuffle", type=int, default=1000)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=3, help="epochs of one Loader in the -Nep rows (0: no such rows)")
     p.add_argument("--gpu", action="store_true", help="also run the batched GPU JPEG decode (decode='torchrgb8-gpu')")
     p.add_argument("--json", help="write the figures here too")
     args = p.parse_args()
@@ -203,6 +248,9 @@ def main() -> None:
 
     runs: dict[str, list[dict]] = {"shardflow": [], "shardflow-cl": [], "webdataset": [], "limit": [],
                                    "limit-hwc": []}
+    ep = f"-{args.epochs}ep"
+    if args.epochs > 0:
+        runs["shardflow" + ep], runs["shardflow-cl" + ep] = [], []
     have_gpu = args.gpu and torch.cuda.is_available()
     if have_gpu:
         runs["shardflow-gpu"] = []
@@ -214,6 +262,9 @@ def main() -> None:
         runs["webdataset"].append(run_webdataset(urls, args))
         runs["shardflow"].append(run_shardflow(urls, args))
         runs["shardflow-cl"].append(run_shardflow(urls, args, channels_last=True))
+        if args.epochs > 0:
+            runs["shardflow" + ep].append(run_shardflow_epochs(urls, args))
+            runs["shardflow-cl" + ep].append(run_shardflow_epochs(urls, args, channels_last=True))
         if have_gpu:
             runs["shardflow-gpu"].append(run_shardflow(urls, args, gpu=True))
     for name, rs in runs.items():
@@ -226,13 +277,13 @@ def main() -> None:
     cpu = {name: min(r["cpu_us_per_sample"] for r in rs) for name, rs in runs.items()}
     wds_rate, limit = best["webdataset"]["samples_per_s"], best["limit"]["samples_per_s"]
     print()
-    print(f"{'reader':14s} {'samples/s':>9s} {'vs wds':>7s} {'% limit':>8s} {'CPU us/img':>10s} {'1st batch':>9s}"
+    print(f"{'reader':18s} {'samples/s':>9s} {'vs wds':>7s} {'% limit':>8s} {'CPU us/img':>10s} {'1st batch':>9s}"
           "   (samples/s of each run)")
     for name in runs:
         rate = best[name]["samples_per_s"]
         fb = f"{first[name] * 1000:7.0f}ms" if name in first else " " * 9
         all_runs = ", ".join(f"{x['samples_per_s']:.0f}" for x in runs[name])
-        print(f"{name:14s} {rate:9.0f} {rate / wds_rate:6.2f}x {100 * rate / limit:7.1f}% {cpu[name]:10.0f} {fb}"
+        print(f"{name:18s} {rate:9.0f} {rate / wds_rate:6.2f}x {100 * rate / limit:7.1f}% {cpu[name]:10.0f} {fb}"
               f"   ({all_runs})")
 
     def per_round(a: str, b: str) -> float:  # median over rounds of a/b measured side by side
@@ -253,6 +304,16 @@ def main() -> None:
             "shardflow-cl/limit-hwc": per_round("shardflow-cl", "limit-hwc"),
         },
     }
+    if args.epochs > 0:
+        summary["epochs"] = {
+            "fraction_of_limit": best["shardflow" + ep]["samples_per_s"] / limit,
+            "fraction_of_limit_cpu": cpu["limit"] / cpu["shardflow" + ep],
+            "channels_last_fraction_of_limit": best["shardflow-cl" + ep]["samples_per_s"] / limit,
+            "per_round_median": per_round("shardflow" + ep, "limit"),
+            "steady_cpu_us_per_sample": min(r["steady_cpu_us_per_sample"] for r in runs["shardflow" + ep]),
+            "steady_cpu_us_per_sample_cl": min(r["steady_cpu_us_per_sample"] for r in runs["shardflow-cl" + ep]),
+        }
+        summary["epochs"]["steady_fraction_of_limit_cpu"] = cpu["limit"] / summary["epochs"]["steady_cpu_us_per_sample"]
     pr = summary["per_round_median"]
     print(f"\nshardflow: {summary['ratio_vs_webdataset']:.2f}x webdataset, "
           f"{100 * summary['fraction_of_limit']:.1f}% of the decode limit "
@@ -261,6 +322,15 @@ def main() -> None:
     print(f"per-round medians: {pr['shardflow/webdataset']:.2f}x webdataset, "
           f"{100 * pr['shardflow/limit']:.1f}% of the limit; channels_last "
           f"{100 * pr['shardflow-cl/limit-hwc']:.1f}% of the HWC decode limit")
+    if args.epochs > 0:
+        e = summary["epochs"]
+        print(f"one Loader over {args.epochs} epochs (what training runs): {100 * e['fraction_of_limit']:.1f}% of the "
+              f"decode limit in its best epoch after the first ({100 * e['per_round_median']:.1f}% per-round median; "
+              f"{100 * e['fraction_of_limit_cpu']:.1f}% by CPU per image over all epochs, start-up included); "
+              f"channels_last {100 * e['channels_last_fraction_of_limit']:.1f}%")
+        print(f"  its epochs after the first: {e['steady_cpu_us_per_sample']:.0f} us of CPU per image "
+              f"({100 * e['steady_fraction_of_limit_cpu']:.1f}% of the limit by CPU), channels_last "
+              f"{e['steady_cpu_us_per_sample_cl']:.0f} us")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)

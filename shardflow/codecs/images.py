@@ -69,19 +69,49 @@ def _simplejpeg() -> Any:
     return simplejpeg
 
 
-def _decode_jpeg_fast(data: bytes) -> np.ndarray | None:
-    """RGB HWC uint8 via simplejpeg, or None to let Pillow decode (and explain any failure)."""
+def preload_decoders() -> None:
+    """Import what image decoding needs (simplejpeg, Pillow and its common plugins) now: done before
+    forking DataLoader workers, each of them starts with it instead of importing it again."""
+    _simplejpeg()
+    from PIL import Image
+
+    Image.preinit()  # the common formats (JPEG, PNG, ...); Image.init() would import every plugin
+
+
+def jpeg_size(data: Any) -> tuple[int, int] | None:
+    """(height, width) of a JPEG simplejpeg can decode to RGB, or None: no simplejpeg, not a JPEG it
+    reads, or larger than Pillow's decompression-bomb limit (Pillow then decides and explains)."""
     sj = _simplejpeg()
     if sj is None:
         return None
     try:
         height, width, _, _ = sj.decode_jpeg_header(data)
-        from PIL import Image
+    except Exception:  # not really a JPEG, ...
+        return None
+    from PIL import Image
 
-        if Image.MAX_IMAGE_PIXELS is not None and height * width > 2 * Image.MAX_IMAGE_PIXELS:
-            return None  # keep Pillow's decompression-bomb refusal on the fast path too
-        return sj.decode_jpeg(data, colorspace="RGB")
-    except Exception:  # CMYK, not really a JPEG, ...
+    if Image.MAX_IMAGE_PIXELS is not None and height * width > 2 * Image.MAX_IMAGE_PIXELS:
+        return None  # keep Pillow's decompression-bomb refusal on the fast path too
+    return height, width
+
+
+def decode_jpeg_into(data: Any, out: np.ndarray) -> bool:
+    """Decode an RGB JPEG straight into `out` (C-contiguous uint8, jpeg_size + (3,)): no fresh array.
+    False when simplejpeg cannot (CMYK, damage, ...): decode_image then decodes or explains."""
+    try:
+        _simplejpeg().decode_jpeg(data, colorspace="RGB", buffer=out)
+    except Exception:
+        return False
+    return True
+
+
+def _decode_jpeg_fast(data: bytes) -> np.ndarray | None:
+    """RGB HWC uint8 via simplejpeg, or None to let Pillow decode (and explain any failure)."""
+    if jpeg_size(data) is None:
+        return None
+    try:
+        return _simplejpeg().decode_jpeg(data, colorspace="RGB")
+    except Exception:  # CMYK, ...
         return None
 
 

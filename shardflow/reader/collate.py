@@ -1,7 +1,8 @@
 """Batches from samples: one column per field, stacked where the values allow it.
 
 Decoded images (HWCImage) are written straight into the batch tensor, transposed to CHW on the way
-(or copied as they are for channels-last batches), so a batch costs one copy of its pixels; under a
+(or copied as they are for channels-last batches), so a batch costs one copy of its pixels; JPEGs
+the preparer already decoded into their rows (PlacedImage, see place.py) cost none here. Under a
 Loader that tensor is a reused shared-memory buffer of the worker's ring (see shm.py).
 """
 
@@ -12,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from shardflow.reader.place import PlacedImage
 from shardflow.reader.shm import Ring, shared_empty
 from shardflow.reader.values import HWCImage, RawJpeg, pack_jpegs
 
@@ -41,7 +43,10 @@ def collate_column(
     values: list[Any], shared: bool, channels_last: bool = False, ring: Ring | None = None, field: Any = None
 ) -> Any:
     """One field of a batch (`field` names it for the ring: a dict key, a tuple index or None)."""
-    if isinstance(values[0], HWCImage):
+    if isinstance(values[0], (HWCImage, PlacedImage)):
+        out, values = _placed_batch(values, channels_last, field)
+        if out is not None:
+            return out
         out = _stack_images(values, shared, channels_last, ring, field)
         if out is not None:
             return out
@@ -66,6 +71,35 @@ def collate_column(
         if len(kinds) == 1:
             return torch.as_tensor(np.asarray(values))
     return list(values)
+
+
+def _placed_batch(values: list[Any], channels_last: bool, field: Any) -> tuple[torch.Tensor | None, list[Any]]:
+    """(the batch tensor the preparer decoded these images into, values): images it could not place
+    are copied into their rows. (None, values) when none is placed; (None, values with the placed
+    ones copied out) when sizes differ: the buffer is then given back."""
+    placed = next((v for v in values if isinstance(v, PlacedImage)), None)
+    if placed is None:
+        return None, values
+    buffer = placed.buffer
+    pixels = buffer.pixels
+    fits = not buffer.claimed and len(values) <= len(pixels)
+    for i, v in enumerate(values):
+        if not fits:
+            break
+        if isinstance(v, PlacedImage):
+            fits = v.buffer is buffer and v.row == i
+        else:
+            fits = isinstance(v, HWCImage) and v.a.dtype == np.uint8 and v.a.shape == (*buffer.hw, 3)
+            if fits:
+                pixels[i] = v.a if channels_last else v.a.transpose(2, 0, 1)
+    if not fits:
+        values = [HWCImage(v.hwc()) if isinstance(v, PlacedImage) else v for v in values]
+        if not buffer.claimed:
+            buffer.release()
+        return None, values
+    buffer.claim(field)
+    out = buffer.tensor[: len(values)]
+    return (out.permute(0, 3, 1, 2) if channels_last else out), values
 
 
 def _stack_images(

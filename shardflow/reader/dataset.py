@@ -35,10 +35,11 @@ from shardflow.reader.collate import collate
 from shardflow.reader.gpu import GpuDecoder
 from shardflow.reader.layout import Layout
 from shardflow.reader.mix import load_shards
+from shardflow.reader.place import ImagePlacer
 from shardflow.reader.prepare import SampleDecoders, SamplePreparer
 from shardflow.reader.settings import ReaderSettings
 from shardflow.reader.shard_source import ShardSource
-from shardflow.reader.shm import RingConfig
+from shardflow.reader.shm import Ring, RingConfig
 from shardflow.reader.split import Assignment
 from shardflow.reader.state import (
     EndOfWorker,
@@ -103,6 +104,8 @@ class ShardDataset(IterableDataset):
     - split_by_node / split_by_worker, rank / world_size: override the splitting (default: split by
       torch.distributed rank when initialised, else the RANK/WORLD_SIZE environment, and by worker).
     """
+
+    _worker_ring: Ring | None = None  # in a Loader's worker: its ring, kept while the worker lives
 
     # the options, as attributes (see ReaderSettings)
     decode = _Setting()
@@ -271,6 +274,7 @@ class ShardDataset(IterableDataset):
         ds._progress = None
         ds._tagged = True
         ds._ring = ring
+        ds._worker_ring = None
         return ds
 
     # -- iteration -------------------------------------------------------------------------------
@@ -329,17 +333,23 @@ class ShardDataset(IterableDataset):
         shared = get_worker_info() is not None  # in a worker: batches go to shared memory
         ring = None
         if shared and self._ring is not None and s.batch_size is not None and s.collate_fn is None:
-            ring = self._ring.ring(worker, s.batch_size)
+            if self._worker_ring is None:  # one per worker process: persistent workers keep theirs
+                self._worker_ring = self._ring.ring(worker, s.batch_size)
+            ring = self._worker_ring
         collate_batch = s.collate_fn
         if collate_batch is None:
             collate_batch = functools.partial(collate, shared=shared, channels_last=s.channels_last, ring=ring)
         errors = ErrorCount(s.on_error, start.errors)
+        placer = None
+        if s.collate_fn is None and s.batch_size is not None and self._decoders.placeable and not gpu_defer:
+            placer = ImagePlacer(s.batch_size, s.channels_last, shared, ring)
         return EpochStream(
             plan=plan, source=ShardSource(self.urls, s, self._manifest, self._shard_cache, locator=self._locator)
             if self._mix is None else self._mix.source(s, self._shard_cache, self._locator),
-            prepare=SamplePreparer(self._decoders, s.map, s.to_tuple, errors, gpu_defer),
+            prepare=SamplePreparer(self._decoders, s.map, s.to_tuple, errors, gpu_defer, placer),
             collate=collate_batch, ring=ring, cursor=Cursor(worker, start, errors),
             shuffle=s.shuffle, seed=s.seed, batch_size=s.batch_size, partial=s.partial, gpu_defer=gpu_defer,
+            placer=placer,
         )
 
     def _shard_cache(self) -> ShardCache:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
 from torch.utils.data import DataLoader
 
+from shardflow.codecs.images import preload_decoders
 from shardflow.reader.dataset import ShardDataset
+from shardflow.reader.settings import ReaderSettings
 from shardflow.reader.shm import RingConfig, RingReturns
 from shardflow.reader.state import EndOfWorker, EpochProgress, Position
 from shardflow.reader.warn_once import warn_once
@@ -23,8 +26,14 @@ class Loader:
     - `stats` counts the samples delivered and skipped (error policy) this epoch.
     Keyword arguments go to torch's DataLoader (pin_memory defaults to "a CUDA device is present";
     in_order=False lets a fast worker's batch overtake a slow one's: each worker's batches stay
-    deterministic and resumable, only their interleaving varies). persistent_workers is refused:
-    workers start per epoch, carrying the epoch and the resume point.
+    deterministic and resumable, only their interleaving varies).
+
+    Persistent workers (the default with num_workers > 0; persistent_workers=False starts them
+    per epoch). After an epoch ran to its end the workers stay and run the next epoch, each
+    worker's dataset copy going on to the next epoch by itself, and their shared-memory batch
+    buffers stay mapped: no fork, start-up and fresh pages per epoch. They start afresh whenever
+    that would not give the epoch asked for: an epoch left early (the workers are stopped then), a
+    resume point loaded, set_epoch to another than the next epoch, or changed dataset options.
 
     The resume guarantee, precisely. Each worker's sequence of batches is a pure function of the
     shard list, the sample counts, seed, epoch, rank, world size, worker id, num_workers and the
@@ -59,8 +68,8 @@ class Loader:
     ) -> None:
         if not isinstance(dataset, ShardDataset):
             raise TypeError("Loader needs a ShardDataset")
-        if dataloader_kwargs.get("persistent_workers"):
-            raise ValueError("Loader starts its workers per epoch (the epoch and resume point travel with them)")
+        persistent = dataloader_kwargs.pop("persistent_workers", None)
+        self.persistent_workers = num_workers > 0 and (persistent is None or bool(persistent))
         self.dataset = dataset
         self.num_workers = int(num_workers)
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
@@ -71,6 +80,7 @@ class Loader:
         self._positions: dict[int, Position] = {}
         self._resume: EpochProgress | None = None
         self._finished = False
+        self._workers: _Workers | None = None  # persistent workers, kept from one epoch to the next
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -110,20 +120,17 @@ class Loader:
             self.epoch += 1
             self._positions, self._finished = {}, False
         resume, self._resume = self._resume, None
-        kwargs = dict(self.kwargs)
-        if self.num_workers > 0 and self.prefetch_factor is not None:
-            kwargs["prefetch_factor"] = self.prefetch_factor
-        ring = self._ring_config(kwargs.get("multiprocessing_context"))
-        ds = self.dataset.for_loader(self.epoch, resume, ring)
+        workers = self._kept_workers(resume)
+        if workers is None:
+            workers = self._start_workers(resume)
+        ds, returns = workers.dataset, workers.returns
         self._positions = positions = dict(resume.workers) if resume is not None else {}
         # Say once, here in the main process, what worker 0 would say in every epoch.
-        workers = max(1, self.num_workers)
-        if not ds.resampled and ds.assignment(0, workers).split_inside:
-            warn_once(ds.split_message(workers))
-        kwargs.setdefault("collate_fn", _as_is)  # keep tuples and numpy arrays as the dataset made them
-        loader = DataLoader(ds, batch_size=None, num_workers=self.num_workers, pin_memory=self.pin_memory, **kwargs)
-        returns = RingReturns(ring) if ring is not None else None
-        it = iter(loader)
+        n = max(1, self.num_workers)
+        if not ds.resampled and ds.assignment(0, n, self.epoch).split_inside:
+            warn_once(ds.split_message(n))
+        it = iter(workers.loader)
+        complete = False
         try:
             for item, tag in it:
                 positions[tag.worker] = tag.position
@@ -134,9 +141,49 @@ class Loader:
                 if ds.gpu_decode:
                     item = ds.finish(item)
                 yield item
+            complete = True
         finally:
             del it
+            if complete and self.persistent_workers:
+                workers.next_epoch = self.epoch + 1  # where each worker's copy goes on by itself
+            else:
+                self._stop_workers()
         self._finished = True
+
+    def _kept_workers(self, resume: EpochProgress | None) -> _Workers | None:
+        """The persistent workers, when they run the epoch asked for next (else they stop)."""
+        kept = self._workers
+        if kept is not None and resume is None and kept.next_epoch == self.epoch \
+                and kept.settings is self.dataset.settings and kept.urls is self.dataset.urls:
+            return kept
+        self._stop_workers()
+        return None
+
+    def _start_workers(self, resume: EpochProgress | None) -> _Workers:
+        """A DataLoader (and its workers, on first use) for the epoch `self.epoch` from `resume`."""
+        kwargs = dict(self.kwargs)
+        if self.num_workers > 0 and self.prefetch_factor is not None:
+            kwargs["prefetch_factor"] = self.prefetch_factor
+        ring = self._ring_config(kwargs.get("multiprocessing_context"))
+        ds = self.dataset.for_loader(self.epoch, resume, ring)
+        kwargs.setdefault("collate_fn", _as_is)  # keep tuples and numpy arrays as the dataset made them
+        if self.num_workers > 0 and ds.decode is not None:
+            preload_decoders()  # forked workers inherit the imports
+        if self.persistent_workers:
+            kwargs["persistent_workers"] = True
+        loader = DataLoader(ds, batch_size=None, num_workers=self.num_workers, pin_memory=self.pin_memory, **kwargs)
+        workers = _Workers(loader, ds, RingReturns(ring) if ring is not None else None,
+                           self.dataset.settings, self.dataset.urls, self.epoch)
+        if self.persistent_workers:
+            self._workers = workers
+        return workers
+
+    def _stop_workers(self) -> None:
+        """Stop the persistent workers now (not whenever the garbage collector gets to them)."""
+        kept, self._workers = self._workers, None
+        it = getattr(kept.loader, "_iterator", None) if kept is not None else None
+        if it is not None and hasattr(it, "_shutdown_workers"):
+            it._shutdown_workers()
 
     def _ring_config(self, context: Any) -> RingConfig | None:
         """Shared-memory rings for the workers' image batches (only for the default collate)."""
@@ -147,6 +194,18 @@ class Loader:
 
     def __repr__(self) -> str:
         return f"Loader({len(self.dataset.urls)} shards, num_workers={self.num_workers}, epoch={self.epoch})"
+
+
+@dataclass
+class _Workers:
+    """A Loader's DataLoader with what lives as long as its workers."""
+
+    loader: DataLoader
+    dataset: ShardDataset  # the copy the workers iterate
+    returns: RingReturns | None  # the main process's side of the workers' batch buffers
+    settings: ReaderSettings  # the dataset's options when they started (changed: start afresh)
+    urls: Any
+    next_epoch: int  # the epoch the workers run when iterated again
 
 
 def _as_is(item: Any) -> Any:

@@ -2,7 +2,9 @@
 
 Two shortcuts keep images cheap. With a torch uint8 spec and the default collate, images are
 decoded to numpy HWC arrays and left as HWCImage, so collate writes them into the batch tensor in one
-copy. With GPU decode, JPEGs stay encoded (RawJpeg) and are decoded in batches in the main process.
+copy; with torchrgb8 the main JPEG field is even decoded straight into its row of the batch
+(PlacedImage, see place.py). With GPU decode, JPEGs stay encoded (RawJpeg) and are decoded in
+batches in the main process.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import numpy as np
 
 from shardflow.codecs import IMAGE_EXTENSIONS, Decoder, split_extension
 from shardflow.errors import DecodeError, SampleError, SkipSample
+from shardflow.reader.place import ImagePlacer
 from shardflow.reader.settings import Fields, ReaderSettings
 from shardflow.reader.state import ErrorCount
 from shardflow.reader.values import HWCImage, RawJpeg
@@ -34,6 +37,11 @@ class SampleDecoders(NamedTuple):
         fast = s.decode in FAST_SPECS and s.batch_size is not None and s.map is None and s.collate_fn is None
         return cls(full, Decoder(FAST_SPECS[s.decode], allow_pickle=s.allow_pickle, only=s.only) if fast else None)
 
+    @property
+    def placeable(self) -> bool:
+        """Can JPEGs be decoded straight into the batch (RGB through simplejpeg, see place.py)?"""
+        return self.fast is not None and self.fast.spec == "rgb8" and self.fast.fast_jpeg
+
 
 class SamplePreparer:
     """Decodes, maps and selects the fields of raw samples; problems go to the error count."""
@@ -45,9 +53,11 @@ class SamplePreparer:
         to_tuple: Fields | None,
         errors: ErrorCount,
         gpu_defer: bool,
+        placer: ImagePlacer | None = None,
     ) -> None:
         self.decoder = decoders.full
         self.fast = decoders.fast if not gpu_defer else None
+        self.placer = placer if self.fast is not None and decoders.placeable else None
         self.map = map
         self.to_tuple = to_tuple
         self.errors = errors
@@ -82,6 +92,8 @@ class SamplePreparer:
             if jpegs:
                 sample = {k: v for k, v in raw.items() if k not in jpegs}
         if self.fast is not None:
+            if self.placer is not None:
+                sample = self._place(sample)
             sample = self.fast(sample)
             for k, v in sample.items():
                 if type(v) is np.ndarray and v.dtype == np.uint8 and v.ndim in (2, 3) \
@@ -91,6 +103,26 @@ class SamplePreparer:
             sample = self.decoder(sample)
         if jpegs:
             sample.update(jpegs)
+        return sample
+
+    def _place(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """The sample with its main JPEG decoded into the batch (a PlacedImage the decoder passes
+        through), when the placer can; else as it was."""
+        placer = self.placer
+        key = placer.key  # type: ignore[union-attr]
+        if key is None:
+            key = next((k for k, v in raw.items() if isinstance(v, (bytes, bytearray, memoryview))
+                        and self._is_image(k, self.fast, True) and not split_extension(k)[2]), None)
+            if key is None:
+                return raw
+        data = raw.get(key)
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            return raw
+        placed = placer.place(key, data)  # type: ignore[union-attr]
+        if placed is None:
+            return raw
+        sample = dict(raw)
+        sample[key] = placed
         return sample
 
     def _is_image(self, key: str, decoder: Decoder, jpeg_only: bool) -> bool:

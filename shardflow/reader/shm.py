@@ -65,8 +65,16 @@ class Ring:
 
     def take(self, n: int, shape: tuple[int, ...], dtype: torch.dtype, field: Any) -> torch.Tensor | None:
         """A buffer for `n` images of `shape` (recorded as used by `field`), or None (use a fresh one)."""
-        if n > self.batch_size:
+        got = self.acquire(shape, dtype) if n <= self.batch_size else None
+        if got is None:
             return None
+        slot, buf = got
+        self.record(slot, field)
+        return buf[:n]
+
+    def acquire(self, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[int, torch.Tensor] | None:
+        """(slot, its buffer of batch_size images of `shape`), or None (use a fresh tensor). The
+        slot is ours until `record` sends it or `release` gives it back."""
         if self.key is None:
             self.key = (shape, dtype)
         elif self.key != (shape, dtype):
@@ -81,8 +89,16 @@ class Ring:
         buf = self.buffers[slot]
         if buf is None:  # allocated when first needed: a consumer that keeps up uses only a few
             buf = self.buffers[slot] = shared_empty((self.batch_size, *shape), dtype, True)
+        return slot, buf
+
+    def record(self, slot: int, field: Any) -> None:
+        """Slot `slot` holds field `field` of the item about to be sent."""
         self.used.append((slot, field))
-        return buf[:n]
+
+    def release(self, slot: int) -> None:
+        """Give back a slot that was acquired and not sent after all."""
+        with self.free.get_lock():
+            self.free[self.base + slot] = 1
 
     def pop_used(self) -> UsedSlots:
         used, self.used = tuple(self.used), []

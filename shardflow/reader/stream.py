@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from shardflow.reader.layout import EpochPlan
+from shardflow.reader.place import ImagePlacer
 from shardflow.reader.prepare import SamplePreparer
 from shardflow.reader.shard_source import ShardSource
 from shardflow.reader.shm import Ring, UsedSlots, outgoing
@@ -62,9 +63,14 @@ class EpochStream:
     batch_size: int | None
     partial: bool
     gpu_defer: bool  # raw JPEGs stay encoded for the GPU
+    placer: ImagePlacer | None = None  # decodes JPEGs into their batch row: told the row here
 
     def __iter__(self) -> Iterator[tuple[Any, ConsumerTag]]:
-        yield from self._batches(self._prepared(self._skipped(self._passes())))
+        try:
+            yield from self._batches(self._prepared(self._skipped(self._passes())))
+        finally:
+            if self.placer is not None:
+                self.placer.close()  # a batch buffer nothing claimed goes back to the ring
         # the final tally (problems found after the last batch), not an item for the user
         yield EndOfWorker(), self.cursor.tag()
 
@@ -119,7 +125,7 @@ class EpochStream:
 
     def _batches(self, samples: Iterator[Any]) -> Iterator[tuple[Any, ConsumerTag]]:
         """Items with their tags: samples one by one, or batches (the last one partial if allowed)."""
-        cursor, batch_size = self.cursor, self.batch_size
+        cursor, batch_size, placer = self.cursor, self.batch_size, self.placer
         batch: list[Any] = []
         try:
             for sample in samples:
@@ -131,6 +137,8 @@ class EpochStream:
                 if len(batch) == batch_size:
                     yield self._batch(batch)
                     batch = []
+                if placer is not None:
+                    placer.row = len(batch)  # the row the next sample takes
         finally:
             samples.close()  # type: ignore[attr-defined]
         quota = self.plan.quota
