@@ -7,7 +7,7 @@ encode option (`png_deflate`), never chosen by what happens to be importable: a 
 missing is an error, not a silent fallback to another one.
 
 - ``"isal"`` (the default): ISA-L's deflate (the ``isal`` package, a dependency of shardflow) at its
-  level 1. On a noisy 512x384 RGB image 10-14x faster than zlib level 1, and no larger; PNG encoding
+  level 1. On a noisy 512x384 RGB image 10-15x faster than zlib level 1, and no larger; PNG encoding
   was 60 % of the augment job's time with zlib. The bytes follow the isal version (pinned in
   constraints.txt): workers of one run need the same one.
 - ``"zlib"``: the standard library's zlib, what shardflow wrote before the option existed (Encoders

@@ -81,7 +81,7 @@ class Encoder:
     faster than Pillow's default for files a little larger, the right trade for intermediate shards.
     At levels 0-1, 8-bit L/RGB/RGBA PNGs are written by ``images.encode_png_fast`` (one fixed row
     filter, numpy only): 2-4x faster again than Pillow at that level, about the same size. At level 1
-    it deflates with ``png_deflate``: ``"isal"`` (ISA-L, the default: 10x faster than zlib, no larger)
+    it deflates with ``png_deflate``: ``"isal"`` (ISA-L, the default: 10-15x faster than zlib, no larger)
     or ``"zlib"`` (the bytes written before this option existed); a missing engine is an error, never replaced,
     so the bytes do not depend on what a worker happens to have (codecs.deflate). Otherwise encoding
     uses Pillow only (not simplejpeg), so the bytes do not depend on optional extras.

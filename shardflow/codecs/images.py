@@ -264,7 +264,7 @@ def encode_png_fast(img: Any, level: int, engine: str = "isal") -> bytes | None:
     Pillow tries all five PNG filters on every row and keeps the best, which costs more than the
     compression itself at levels 0-1: for a 512x384 photo this writer is 2-4x faster with zlib, with
     files about as large (smaller on smooth images, within a few percent on noisy ones), and ISA-L
-    deflates 10x faster again. Standard PNG (IHDR, one IDAT, IEND), byte-for-byte reproducible for a
+    deflates 10-15x faster again. Standard PNG (IHDR, one IDAT, IEND), byte-for-byte reproducible for a
     given engine and version.
     """
     color = _FAST_PNG_COLOR.get(img.mode)
