@@ -8,7 +8,9 @@ augmentation (`augment_image` of jobs/augment.py: flip, Gaussian noise from samp
     recipe     the webdataset docs' way: `wds.WebDataset(url).decode("torchrgb")` per shard, the
                function, `wds.TarWriter` per output shard, one `dask.delayed` per shard computed on a
                `distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True)` (cluster
-               start-up NOT counted: the recipe is timed from compute() to the last shard written)
+               start-up NOT counted: the recipe is timed from compute() to the last shard written;
+               the variables distributed sets for its workers, MALLOC_TRIM_THRESHOLD_ & co, stay
+               theirs: this process's environment is put back after the cluster, see run_recipe)
     shardflow  `shardflow run jobs/augment.py --workers 2` (processes backend; worker start-up,
                plan and run directory counted)
 (b) one process:
@@ -87,6 +89,21 @@ def _children_cpu_seconds() -> float:
 
 
 def run_recipe(inputs: list[str], out: Path, workers: int) -> tuple[float, float, int]:
+    """The recipe on a fresh LocalCluster. distributed writes its workers' variables into this process's
+    os.environ (MALLOC_TRIM_THRESHOLD_=65536, OMP_NUM_THREADS=1, ...) and leaves them there: put back,
+    or every variant run after it inherits them, which a `shardflow run` typed in a shell does not
+    (MALLOC_TRIM_THRESHOLD_ turns off glibc's dynamic mmap threshold, so every large array is a fresh
+    mmap: measured +3-4 ms CPU per sample for shardflow's augment)."""
+    saved = dict(os.environ)
+    try:
+        return _recipe_on_cluster(inputs, out, workers)
+    finally:
+        for name in set(os.environ) - set(saved):
+            del os.environ[name]
+        os.environ.update(saved)
+
+
+def _recipe_on_cluster(inputs: list[str], out: Path, workers: int) -> tuple[float, float, int]:
     import dask
     from distributed import Client, LocalCluster
 

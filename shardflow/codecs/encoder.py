@@ -65,11 +65,12 @@ def encode_value(
     jpeg_quality: int = 90,
     png_compress_level: int = 1,
     webp_quality: int = 90,
+    png_deflate: str = "isal",
     url: str | None = None,
     key: str | None = None,
 ) -> bytes:
     """Encode one value for extension ``ext``; raises EncodeError naming url/key/ext/type."""
-    opts = ImageOptions(jpeg_quality, png_compress_level, webp_quality)
+    opts = ImageOptions(jpeg_quality, png_compress_level, webp_quality, png_deflate)
     return _encode_or_raise(ext, value, opts, user_encoders(), url, key)
 
 
@@ -79,16 +80,19 @@ class Encoder:
     ``__key__`` is kept, other ``__*`` keys are dropped. PNG compress level defaults to 1: 1.1-3.7x
     faster than Pillow's default for files a little larger, the right trade for intermediate shards.
     At levels 0-1, 8-bit L/RGB/RGBA PNGs are written by ``images.encode_png_fast`` (one fixed row
-    filter + zlib, numpy and the standard library only): 2-4x faster again than Pillow at that level,
-    about the same size. Otherwise encoding uses Pillow only (not simplejpeg), so the bytes do not
-    depend on optional extras.
+    filter, numpy only): 2-4x faster again than Pillow at that level, about the same size. At level 1
+    it deflates with ``png_deflate``: ``"isal"`` (ISA-L, the default: 10-15x faster than zlib, no larger)
+    or ``"zlib"`` (the bytes written before this option existed); a missing engine is an error, never replaced,
+    so the bytes do not depend on what a worker happens to have (codecs.deflate). Otherwise encoding
+    uses Pillow only (not simplejpeg), so the bytes do not depend on optional extras.
     """
 
     # The instance attributes (options, codecs) are what run directories of 0.1.0 pickled: keep
     # their names, or add __setstate__.
 
-    def __init__(self, jpeg_quality: int = 90, png_compress_level: int = 1, webp_quality: int = 90) -> None:
-        self.options = ImageOptions(jpeg_quality, png_compress_level, webp_quality)
+    def __init__(self, jpeg_quality: int = 90, png_compress_level: int = 1, webp_quality: int = 90,
+                 png_deflate: str = "isal") -> None:
+        self.options = ImageOptions(jpeg_quality, png_compress_level, webp_quality, png_deflate)
         self.codecs = dict(user_encoders())
 
     def __call__(self, sample: Mapping[str, Any]) -> dict[str, Any]:
