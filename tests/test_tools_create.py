@@ -116,3 +116,32 @@ def test_create_from_a_remote_folder_and_remote_sources(tmp_path):
     finally:
         fs.rm("/h13src", recursive=True)
         fs.rm("/h13out", recursive=True)
+
+
+def test_create_writes_the_bytes_the_shard_writer_writes(tmp_path):
+    """create hands its reads to ShardWriter.write_batch: the shards must be those ShardWriter.write
+    makes of the same samples (extensions sorted and lower-cased, pax for long or non-ASCII names,
+    big members, rollover)."""
+    src = tmp_path / "src"
+    deep = src / ("long" * 30)
+    deep.mkdir(parents=True)
+    (src / "x.TXT").write_bytes(b"upper")
+    (src / "x.jpg").write_bytes(bytes(range(256)) * 200)
+    (src / "x.seg.png").write_bytes(b"")
+    (deep / "k.cls").write_bytes(b"1")
+    (src / "ünï.txt").write_bytes(b"u" * 512)
+    recipe = "".join(f"r/{i:03d}.{ext} text:{'v' * (i * 37 % 900)}\n" for i in range(40) for ext in ("txt", "cls"))
+    (tmp_path / "recipe.tsv").write_text("r/zzz.json text:{}\nr/zzz.cls text:9\n" + recipe)
+    for source in (src, tmp_path / "recipe.tsv"):
+        result = run("create", source, "-o", tmp_path / "c" / "{part:03d}.tar", "--maxsize", 20_000)
+        assert result.exit_code == 0, result.output
+        made = sorted((tmp_path / "c").iterdir())
+        samples = [s for p in made for s in sf.read_samples(str(p))]
+        with sf.ShardWriter(str(tmp_path / "w" / "{shard:03d}.tar"), maxsize=20_000) as writer:
+            for sample in samples:
+                writer.write({k: v for k, v in sample.items() if k != "__url__"})
+        assert [p.read_bytes() for p in made] == [open(i.url, "rb").read() for i in writer.shards]
+        assert len(made) > 1
+        for folder in ("c", "w"):
+            for p in (tmp_path / folder).iterdir():
+                p.unlink()
