@@ -158,17 +158,27 @@ def _planned(key: str, members: list[tuple[str, str]]) -> PlannedSample:
     return _NEW(PlannedSample, (key, tuple(members)))
 
 
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+
+
 def read_local(path: str) -> bytes:
     """A local file's bytes with plain os.open/os.read: for tiny files ~40 % cheaper than open().read()
     (no buffered file object per file), which is most of the cost of packing many small files."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    fd = os.open(path, _READ_FLAGS)
     try:
-        chunks = [os.read(fd, 1 << 16)]
-        while chunks[-1]:
-            chunks.append(os.read(fd, 1 << 20))
-        return chunks[0] if len(chunks) == 2 else b"".join(chunks)
+        data = os.read(fd, 1 << 16)
+        more = os.read(fd, 1 << 20) if data else b""
+        return _read_rest(fd, data, more) if more else data
     finally:
         os.close(fd)
+
+
+def _read_rest(fd: int, first: bytes, second: bytes) -> bytes:
+    """A file larger than one read: its first reads and the rest up to the end."""
+    chunks = [first, second]
+    while chunks[-1]:
+        chunks.append(os.read(fd, 1 << 20))
+    return b"".join(chunks)
 
 
 _NOT_PATHS = ("text:", "pipe:")
@@ -214,6 +224,38 @@ def _remote(samples: list[PlannedSample]) -> bool:
 Members = list[tuple[str, bytes]]  # one sample as the writer takes it: (key.ext, bytes), extensions sorted
 
 
+def read_batch(chunk: list[PlannedSample], storage_options: dict[str, Any] | None) -> list[Members]:
+    """The members of each planned sample in `chunk`, read. Plain local paths (all of a directory
+    plan) are read right here, read_local's reads written out: for 100k tiny files a call and a
+    source dispatch per file were an eighth of the reading time."""
+    out = []
+    op, rd, cl = os.open, os.read, os.close
+    for key, members in chunk:
+        prefix = key + "."
+        read = []
+        for ext, source in members:
+            try:
+                if "://" in source or source.startswith(_NOT_PATHS):
+                    data = read_source(source, storage_options)
+                else:
+                    fd = op(source, _READ_FLAGS)
+                    try:
+                        data = rd(fd, 1 << 16)
+                        more = rd(fd, 1 << 20) if data else b""
+                        if more:
+                            data = _read_rest(fd, data, more)
+                    finally:
+                        cl(fd)
+            except OSError as exc:
+                raise ShardIOError(f"member {ext!r}: cannot read source {source!r}: {type(exc).__name__}: {exc}",
+                                   key=key) from exc
+            except ShardIOError as exc:
+                raise ShardIOError(f"member {ext!r}: {exc.reason}", key=key) from exc
+            read.append((prefix + ext, data))
+        out.append(read)
+    return out
+
+
 def read_batches(samples: list[PlannedSample], storage_options: dict[str, Any] | None,
                  jobs: int | None = None, batch: int = 32) -> Iterator[list[Members]]:
     """The planned samples with their members read, in plan order, `batch` samples at a time: read
@@ -221,17 +263,7 @@ def read_batches(samples: list[PlannedSample], storage_options: dict[str, Any] |
     overhead small next to the read of a tiny file); `jobs=0` reads in the caller's thread."""
 
     def load(chunk: list[PlannedSample]) -> list[Members]:
-        out = []
-        for key, members in chunk:
-            prefix = key + "."
-            read = []
-            for ext, source in members:
-                try:
-                    read.append((prefix + ext, read_source(source, storage_options)))
-                except ShardIOError as exc:
-                    raise ShardIOError(f"member {ext!r}: {exc.reason}", key=key) from exc
-            out.append(read)
-        return out
+        return read_batch(chunk, storage_options)
 
     jobs = default_jobs(samples) if jobs is None else jobs
     if not jobs:
