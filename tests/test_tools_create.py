@@ -145,3 +145,15 @@ def test_create_writes_the_bytes_the_shard_writer_writes(tmp_path):
         for folder in ("c", "w"):
             for p in (tmp_path / folder).iterdir():
                 p.unlink()
+
+
+def test_create_refuses_members_the_writer_cannot_write_before_writing_anything(tmp_path):
+    cases = {
+        "a/1.txt text:x\na/1.TXT text:y\n": "member 'a/1.TXT': sample 'a/1' already has a 'txt' member",
+        "a/1..txt text:x\n": "member 'a/1..txt': bad extension '.txt'",
+        "a/1. text:x\n": "member 'a/1.': no extension",
+    }
+    for recipe, message in cases.items():
+        result = run("create", "-", "-o", tmp_path / "x.tar", input=recipe)
+        assert result.exit_code == 2 and message in result.output, result.output
+        assert list(tmp_path.iterdir()) == []

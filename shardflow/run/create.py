@@ -113,22 +113,23 @@ def _group(pairs: list[tuple[str, str]], keys: str, shuffle: bool, seed: int) ->
     current: list[tuple[str, str]] = []
     current_key = ""
     seen: set[str] = set()
-    for name, source in pairs:
+    start = 0  # index in pairs of the current sample's first member
+    for index, (name, source) in enumerate(pairs):
         key, ext = split_name(name)
         if key == current_key and current:
             current.append((ext, source))
             continue
         if current:
-            samples.append(_planned(current_key, current))
+            samples.append(_planned(current_key, current, pairs, start))
         why = check_key(key)
         if why:
             raise JobError(f"member {name!r}: {why}")
         if key in seen:
             raise JobError(f"member {name!r}: key {key!r} appears again after other samples; sort the plan")
         seen.add(key)
-        current, current_key = [(ext, source)], key
+        current, current_key, start = [(ext, source)], key, index
     if current:
-        samples.append(_planned(current_key, current))
+        samples.append(_planned(current_key, current, pairs, start))
     if shuffle:
         random.Random(seed).shuffle(samples)
     if keys == "index":
@@ -141,15 +142,17 @@ def _group(pairs: list[tuple[str, str]], keys: str, shuffle: bool, seed: int) ->
 _NEW = tuple.__new__  # a PlannedSample without the Python-level __new__ of a NamedTuple
 
 
-def _planned(key: str, members: list[tuple[str, str]]) -> PlannedSample:
+def _planned(key: str, members: list[tuple[str, str]], pairs: list[tuple[str, str]], start: int) -> PlannedSample:
     """A sample with its (extension, source) pairs in extension order, each extension one the writer
-    takes (the checks of shards.samples.sample_members, made here once, before anything is read)."""
+    takes (the checks of shards.samples.sample_members, made here once, before anything is read);
+    `pairs[start:]` begins with its members as planned, whose names the error messages give."""
     if len(members) > 1:
         members.sort()
     previous = None
     for ext, _ in members:
         if not ext or ext[0] == "." or "\0" in ext or ext == previous:
-            name = f"{key}.{ext}" if ext else key
+            names = [n for n, _ in pairs[start : start + len(members)] if split_name(n)[1] == ext]
+            name = names[-1]  # of two with one extension: the later
             raise JobError(f"member {name!r}: " + (
                 "no extension (a member needs <key>.<ext>)" if not ext
                 else f"sample {key!r} already has a {ext!r} member" if ext == previous
