@@ -157,3 +157,29 @@ def test_create_refuses_members_the_writer_cannot_write_before_writing_anything(
         result = run("create", "-", "-o", tmp_path / "x.tar", input=recipe)
         assert result.exit_code == 2 and message in result.output, result.output
         assert list(tmp_path.iterdir()) == []
+
+
+def test_read_batch_reads_every_kind_of_local_path(tmp_path, monkeypatch):
+    """Plain paths are opened relative to their folder from the second file in a row in it: relative
+    names, alternating folders, links and a missing file after good ones read as by whole path."""
+    import pytest
+
+    from shardflow.errors import ShardIOError
+    from shardflow.run.create import PlannedSample, read_batch
+
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        for i in range(3):
+            (tmp_path / folder / f"{i}.txt").write_bytes(f"{folder}{i}".encode() * (30_000 * i + 1))
+    (tmp_path / "top.txt").write_bytes(b"top")
+    (tmp_path / "b" / "link.txt").symlink_to(tmp_path / "a" / "2.txt")
+    monkeypatch.chdir(tmp_path)
+    order = ["a/0.txt", "a/1.txt", "b/0.txt", "a/2.txt", "a/0.txt", "top.txt", f"{tmp_path}/b/1.txt",
+             f"{tmp_path}/b/2.txt", "b/link.txt", "text:inline"]
+    chunk = [PlannedSample(f"k/{i}", (("txt", path),)) for i, path in enumerate(order)]
+    got = read_batch(chunk, None)
+    expected = [Path(p).read_bytes() if not p.startswith("text:") else b"inline" for p in order]
+    assert got == [[(f"k/{i}.txt", data)] for i, data in enumerate(expected)]
+    missing = chunk[:2] + [PlannedSample("k/x", (("cls", "a/1.txt"), ("txt", "a/nope.txt")))]
+    with pytest.raises(ShardIOError, match="member 'txt': cannot read source 'a/nope.txt': FileNotFoundError"):
+        read_batch(missing, None)

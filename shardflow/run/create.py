@@ -23,6 +23,7 @@ import random
 import subprocess
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
+from operator import itemgetter
 from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 from shardflow.errors import JobError, ShardIOError
@@ -53,11 +54,11 @@ def plan_directory(root: str) -> list[tuple[str, str]]:
             for entry in entries:
                 if entry.name.startswith("."):
                     continue
-                if entry.is_dir(follow_symlinks=False):  # like tar: never into a linked folder (no loops)
-                    folders.append((entry.path, f"{prefix}{entry.name}/"))
-                elif entry.is_file():
+                if entry.is_file():  # files first: most entries are, one call each
                     found.append((prefix + entry.name, entry.path))
-    found.sort()
+                elif entry.is_dir(follow_symlinks=False):  # like tar: never into a linked folder (no loops)
+                    folders.append((entry.path, f"{prefix}{entry.name}/"))
+    found.sort(key=itemgetter(0))  # names are unique: comparing the names alone is enough, and faster
     return found
 
 
@@ -163,6 +164,9 @@ def _planned(key: str, members: list[tuple[str, str]], pairs: list[tuple[str, st
 
 
 _READ_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+# a folder's descriptor only to open files relative to it: O_PATH (Linux) needs no read permission on
+# the folder, just as opening a file by its whole path does not
+_FOLDER_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 def read_local(path: str) -> bytes:
@@ -231,20 +235,35 @@ Members = list[tuple[str, bytes]]  # one sample as the writer takes it: (key.ext
 
 
 def read_batch(chunk: list[PlannedSample], storage_options: dict[str, Any] | None) -> list[Members]:
-    """The members of each planned sample in `chunk`, read. Plain local paths (all of a directory
-    plan) are read right here, read_local's reads written out: for 100k tiny files a call and a
-    source dispatch per file were an eighth of the reading time."""
+    """The members of each planned sample in `chunk`, read.
+
+    Plain local paths (all of a directory plan) are read right here, read_local's reads written out
+    (a call and a source dispatch per file were an eighth of the reading time for 100k tiny files),
+    and from the second file in a row in one folder on, opened relative to that folder's descriptor:
+    the kernel then walks one path component, not the whole path (another tenth)."""
     out = []
     op, rd, cl = os.open, os.read, os.close
-    for key, members in chunk:
-        prefix = key + "."
-        read = []
-        for ext, source in members:
-            try:
-                if "://" in source or source.startswith(_NOT_PATHS):
-                    data = read_source(source, storage_options)
-                else:
-                    fd = op(source, _READ_FLAGS)
+    last, folder_fd = "", -1  # the folder of the previous plain path; its descriptor once opened
+    try:
+        for key, members in chunk:
+            prefix = key + "."
+            read = []
+            for ext, source in members:
+                try:
+                    if "://" in source or source.startswith(_NOT_PATHS):
+                        read.append((prefix + ext, read_source(source, storage_options)))
+                        continue
+                    folder, _, name = source.rpartition("/")
+                    if folder and folder == last and name:
+                        if folder_fd < 0:
+                            folder_fd = op(folder, _FOLDER_FLAGS)
+                        fd = op(name, _READ_FLAGS, dir_fd=folder_fd)
+                    else:
+                        if folder_fd >= 0:
+                            cl(folder_fd)
+                            folder_fd = -1
+                        last = folder
+                        fd = op(source, _READ_FLAGS)
                     try:
                         data = rd(fd, 1 << 16)
                         more = rd(fd, 1 << 20) if data else b""
@@ -252,13 +271,16 @@ def read_batch(chunk: list[PlannedSample], storage_options: dict[str, Any] | Non
                             data = _read_rest(fd, data, more)
                     finally:
                         cl(fd)
-            except OSError as exc:
-                raise ShardIOError(f"member {ext!r}: cannot read source {source!r}: {type(exc).__name__}: {exc}",
-                                   key=key) from exc
-            except ShardIOError as exc:
-                raise ShardIOError(f"member {ext!r}: {exc.reason}", key=key) from exc
-            read.append((prefix + ext, data))
-        out.append(read)
+                except OSError as exc:
+                    raise ShardIOError(f"member {ext!r}: cannot read source {source!r}: {type(exc).__name__}: "
+                                       f"{exc}", key=key) from exc
+                except ShardIOError as exc:
+                    raise ShardIOError(f"member {ext!r}: {exc.reason}", key=key) from exc
+                read.append((prefix + ext, data))
+            out.append(read)
+    finally:
+        if folder_fd >= 0:
+            cl(folder_fd)
     return out
 
 
