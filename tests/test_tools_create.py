@@ -183,3 +183,16 @@ def test_read_batch_reads_every_kind_of_local_path(tmp_path, monkeypatch):
     missing = chunk[:2] + [PlannedSample("k/x", (("cls", "a/1.txt"), ("txt", "a/nope.txt")))]
     with pytest.raises(ShardIOError, match="member 'txt': cannot read source 'a/nope.txt': FileNotFoundError"):
         read_batch(missing, None)
+
+
+def test_inline_batches_of_big_files_are_cut_short_and_lose_nothing(tmp_path, monkeypatch):
+    from shardflow.run import create
+
+    for i in range(10):
+        (tmp_path / f"{i}.bin").write_bytes(bytes([i]) * 1000)
+    samples = create.group_samples(create.plan_directory(str(tmp_path)))
+    assert len(create.read_batch(samples, None, max_bytes=2500)) == 3  # the third brings it to 3000
+    monkeypatch.setattr(create, "_INLINE_BYTES", 2500)
+    batches = list(create.read_batches(samples, None, jobs=0, batch=256))
+    assert [len(b) for b in batches] == [3, 3, 3, 1]
+    assert [m for b in batches for m in b] == [[(f"{i}.bin", bytes([i]) * 1000)] for i in range(10)]

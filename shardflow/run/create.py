@@ -231,11 +231,14 @@ def _remote(samples: list[PlannedSample]) -> bool:
                for planned in samples[:100] for _, source in planned.members)
 
 
+_INLINE_BYTES = 64 << 20  # an inline batch of big files ends once it holds this many bytes
 Members = list[tuple[str, bytes]]  # one sample as the writer takes it: (key.ext, bytes), extensions sorted
 
 
-def read_batch(chunk: list[PlannedSample], storage_options: dict[str, Any] | None) -> list[Members]:
-    """The members of each planned sample in `chunk`, read.
+def read_batch(chunk: list[PlannedSample], storage_options: dict[str, Any] | None,
+               max_bytes: float = float("inf")) -> list[Members]:
+    """The members of the planned samples in `chunk`, read: all of them, or the first ones up to and
+    including the one that brings their bytes to `max_bytes` (so big files never pile up in memory).
 
     Plain local paths (all of a directory plan) are read right here, read_local's reads written out
     (a call and a source dispatch per file were an eighth of the reading time for 100k tiny files),
@@ -244,6 +247,7 @@ def read_batch(chunk: list[PlannedSample], storage_options: dict[str, Any] | Non
     out = []
     op, rd, cl = os.open, os.read, os.close
     last, folder_fd = "", -1  # the folder of the previous plain path; its descriptor once opened
+    total = 0
     try:
         for key, members in chunk:
             prefix = key + "."
@@ -251,33 +255,36 @@ def read_batch(chunk: list[PlannedSample], storage_options: dict[str, Any] | Non
             for ext, source in members:
                 try:
                     if "://" in source or source.startswith(_NOT_PATHS):
-                        read.append((prefix + ext, read_source(source, storage_options)))
-                        continue
-                    folder, _, name = source.rpartition("/")
-                    if folder and folder == last and name:
-                        if folder_fd < 0:
-                            folder_fd = op(folder, _FOLDER_FLAGS)
-                        fd = op(name, _READ_FLAGS, dir_fd=folder_fd)
+                        data = read_source(source, storage_options)
                     else:
-                        if folder_fd >= 0:
-                            cl(folder_fd)
-                            folder_fd = -1
-                        last = folder
-                        fd = op(source, _READ_FLAGS)
-                    try:
-                        data = rd(fd, 1 << 16)
-                        more = rd(fd, 1 << 20) if data else b""
-                        if more:
-                            data = _read_rest(fd, data, more)
-                    finally:
-                        cl(fd)
+                        folder, _, name = source.rpartition("/")
+                        if folder and folder == last and name:
+                            if folder_fd < 0:
+                                folder_fd = op(folder, _FOLDER_FLAGS)
+                            fd = op(name, _READ_FLAGS, dir_fd=folder_fd)
+                        else:
+                            if folder_fd >= 0:
+                                cl(folder_fd)
+                                folder_fd = -1
+                            last = folder
+                            fd = op(source, _READ_FLAGS)
+                        try:
+                            data = rd(fd, 1 << 16)
+                            more = rd(fd, 1 << 20) if data else b""
+                            if more:
+                                data = _read_rest(fd, data, more)
+                        finally:
+                            cl(fd)
                 except OSError as exc:
                     raise ShardIOError(f"member {ext!r}: cannot read source {source!r}: {type(exc).__name__}: "
                                        f"{exc}", key=key) from exc
                 except ShardIOError as exc:
                     raise ShardIOError(f"member {ext!r}: {exc.reason}", key=key) from exc
                 read.append((prefix + ext, data))
+                total += len(data)
             out.append(read)
+            if total >= max_bytes:
+                break
     finally:
         if folder_fd >= 0:
             cl(folder_fd)
@@ -288,15 +295,19 @@ def read_batches(samples: list[PlannedSample], storage_options: dict[str, Any] |
                  jobs: int | None = None, batch: int = 32) -> Iterator[list[Members]]:
     """The planned samples with their members read, in plan order, `batch` samples at a time: read
     by `jobs` threads, a bounded number of batches ahead (one future per batch keeps the pool's
-    overhead small next to the read of a tiny file); `jobs=0` reads in the caller's thread."""
+    overhead small next to the read of a tiny file); `jobs=0` reads in the caller's thread, a batch
+    at a time, cut short at 64 MiB."""
 
     def load(chunk: list[PlannedSample]) -> list[Members]:
         return read_batch(chunk, storage_options)
 
     jobs = default_jobs(samples) if jobs is None else jobs
     if not jobs:
-        for start in range(0, len(samples), batch):
-            yield load(samples[start : start + batch])
+        start = 0
+        while start < len(samples):
+            read = read_batch(samples[start : start + batch], storage_options, _INLINE_BYTES)
+            start += len(read)
+            yield read
         return
     window = 2 * jobs
     with ThreadPoolExecutor(jobs, thread_name_prefix="shardflow-create") as pool:
