@@ -34,7 +34,8 @@ from shardflow.storage.paths import filesystem, is_local, local_path
 
 
 class PlannedSample(NamedTuple):
-    """One output sample: its key and (extension, source) pairs (a tuple: a million of them are cheap)."""
+    """One output sample: its key and (extension, source) pairs in extension order (a tuple: a million
+    of them are cheap)."""
 
     key: str
     members: tuple[tuple[str, str], ...]
