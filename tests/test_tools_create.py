@@ -116,3 +116,83 @@ def test_create_from_a_remote_folder_and_remote_sources(tmp_path):
     finally:
         fs.rm("/h13src", recursive=True)
         fs.rm("/h13out", recursive=True)
+
+
+def test_create_writes_the_bytes_the_shard_writer_writes(tmp_path):
+    """create hands its reads to ShardWriter.write_batch: the shards must be those ShardWriter.write
+    makes of the same samples (extensions sorted and lower-cased, pax for long or non-ASCII names,
+    big members, rollover)."""
+    src = tmp_path / "src"
+    deep = src / ("long" * 30)
+    deep.mkdir(parents=True)
+    (src / "x.TXT").write_bytes(b"upper")
+    (src / "x.jpg").write_bytes(bytes(range(256)) * 200)
+    (src / "x.seg.png").write_bytes(b"")
+    (deep / "k.cls").write_bytes(b"1")
+    (src / "ünï.txt").write_bytes(b"u" * 512)
+    recipe = "".join(f"r/{i:03d}.{ext} text:{'v' * (i * 37 % 900)}\n" for i in range(40) for ext in ("txt", "cls"))
+    (tmp_path / "recipe.tsv").write_text("r/zzz.json text:{}\nr/zzz.cls text:9\n" + recipe)
+    for source in (src, tmp_path / "recipe.tsv"):
+        result = run("create", source, "-o", tmp_path / "c" / "{part:03d}.tar", "--maxsize", 20_000)
+        assert result.exit_code == 0, result.output
+        made = sorted((tmp_path / "c").iterdir())
+        samples = [s for p in made for s in sf.read_samples(str(p))]
+        with sf.ShardWriter(str(tmp_path / "w" / "{shard:03d}.tar"), maxsize=20_000) as writer:
+            for sample in samples:
+                writer.write({k: v for k, v in sample.items() if k != "__url__"})
+        assert [p.read_bytes() for p in made] == [open(i.url, "rb").read() for i in writer.shards]
+        assert len(made) > 1
+        for folder in ("c", "w"):
+            for p in (tmp_path / folder).iterdir():
+                p.unlink()
+
+
+def test_create_refuses_members_the_writer_cannot_write_before_writing_anything(tmp_path):
+    cases = {
+        "a/1.txt text:x\na/1.TXT text:y\n": "member 'a/1.TXT': sample 'a/1' already has a 'txt' member",
+        "a/1..txt text:x\n": "member 'a/1..txt': bad extension '.txt'",
+        "a/1. text:x\n": "member 'a/1.': no extension",
+    }
+    for recipe, message in cases.items():
+        result = run("create", "-", "-o", tmp_path / "x.tar", input=recipe)
+        assert result.exit_code == 2 and message in result.output, result.output
+        assert list(tmp_path.iterdir()) == []
+
+
+def test_read_batch_reads_every_kind_of_local_path(tmp_path, monkeypatch):
+    """Plain paths are opened relative to their folder from the second file in a row in it: relative
+    names, alternating folders, links and a missing file after good ones read as by whole path."""
+    import pytest
+
+    from shardflow.errors import ShardIOError
+    from shardflow.run.create import PlannedSample, read_batch
+
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        for i in range(3):
+            (tmp_path / folder / f"{i}.txt").write_bytes(f"{folder}{i}".encode() * (30_000 * i + 1))
+    (tmp_path / "top.txt").write_bytes(b"top")
+    (tmp_path / "b" / "link.txt").symlink_to(tmp_path / "a" / "2.txt")
+    monkeypatch.chdir(tmp_path)
+    order = ["a/0.txt", "a/1.txt", "b/0.txt", "a/2.txt", "a/0.txt", "top.txt", f"{tmp_path}/b/1.txt",
+             f"{tmp_path}/b/2.txt", "b/link.txt", "text:inline"]
+    chunk = [PlannedSample(f"k/{i}", (("txt", path),)) for i, path in enumerate(order)]
+    got = read_batch(chunk, None)
+    expected = [Path(p).read_bytes() if not p.startswith("text:") else b"inline" for p in order]
+    assert got == [[(f"k/{i}.txt", data)] for i, data in enumerate(expected)]
+    missing = chunk[:2] + [PlannedSample("k/x", (("cls", "a/1.txt"), ("txt", "a/nope.txt")))]
+    with pytest.raises(ShardIOError, match="member 'txt': cannot read source 'a/nope.txt': FileNotFoundError"):
+        read_batch(missing, None)
+
+
+def test_inline_batches_of_big_files_are_cut_short_and_lose_nothing(tmp_path, monkeypatch):
+    from shardflow.run import create
+
+    for i in range(10):
+        (tmp_path / f"{i}.bin").write_bytes(bytes([i]) * 1000)
+    samples = create.group_samples(create.plan_directory(str(tmp_path)))
+    assert len(create.read_batch(samples, None, max_bytes=2500)) == 3  # the third brings it to 3000
+    monkeypatch.setattr(create, "_INLINE_BYTES", 2500)
+    batches = list(create.read_batches(samples, None, jobs=0, batch=256))
+    assert [len(b) for b in batches] == [3, 3, 3, 1]
+    assert [m for b in batches for m in b] == [[(f"{i}.bin", bytes([i]) * 1000)] for i in range(10)]

@@ -52,7 +52,7 @@ _PROGRESS = progress_option
 @click.option("--keys", type=click.Choice(["from-path", "index"]), default="from-path", show_default=True,
               help="sample keys: the file paths (without extension), or 000000, 000001, ... in order")
 @click.option("--jobs", "-j", type=click.IntRange(1, 512), default=None,
-              help="reads in flight (threads) [default: 4 for local files, 32 for remote ones]")
+              help="reads in flight (threads) [default: 32 for remote sources; local files are read inline]")
 @_PROGRESS
 @allow_pipe_option
 @storage_option

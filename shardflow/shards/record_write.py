@@ -3,7 +3,7 @@ a receipt, with the interface of TarWriter so ShardWriter rolls over either kind
 
 from __future__ import annotations
 
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO, Callable, Sequence
 
 from shardflow.errors import SampleError, ShardIOError
 from shardflow.shards.keys import Sample, check_key, split_name
@@ -77,6 +77,17 @@ class RecordWriter(OneShard):
         item = self._item(members)
         self._pending = None
         return self._add(item)
+
+    def write_batch(self, batch: Sequence[list[tuple[str, bytes]]], maxsize: float) -> int:
+        """Add samples given as their members while the shard stays within `maxsize` bytes (an
+        empty shard takes the first whatever its size); returns how many were added."""
+        added = 0
+        for members in batch:
+            if self.nsamples and self.nbytes + self.sample_size(members) > maxsize:
+                break
+            self.write_members(members)
+            added += 1
+        return added
 
     def _add(self, item: bytes) -> int:
         if self.closed:

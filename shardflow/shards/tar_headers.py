@@ -2,7 +2,8 @@
 prefix, GNU long names, pax records).
 
 Kept apart from the reading loop so the plain path (tar_read) and damage recovery (tar_recover)
-judge a header by exactly the same rules, and so the writer (tar_write) sums bytes the same way.
+judge a header by exactly the same rules, and so the writer (tar_write) sums bytes by the
+same adler32 rule.
 """
 
 from __future__ import annotations

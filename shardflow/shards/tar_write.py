@@ -8,10 +8,12 @@ samples costs few large writes and no copies of large members.
 
 from __future__ import annotations
 
+import struct
 import zlib
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Sequence
+from zlib import adler32
 
-from shardflow.shards.tar_headers import BLOCK, ZERO_BLOCK, byte_sum
+from shardflow.shards.tar_headers import BLOCK, ZERO_BLOCK
 
 _FLUSH_AT = 1 << 20  # members are handed to the stream in batches of about this many bytes
 _BIG = 1 << 15  # pieces at least this large are passed on as they are, never copied into a batch
@@ -20,6 +22,9 @@ _PAX_SIZE = 8**11  # sizes from here on do not fit the 11 octal digits of a usta
 # Header bytes 157..512: linkname (empty), magic "ustar\0", version "00", empty owner names,
 # device numbers and prefix.
 _HEADER_TAIL = bytes(100) + b"ustar\x0000" + bytes(BLOCK - 265)
+# name, mode + uid + gid, size, mtime, checksum, typeflag, _HEADER_TAIL ("s" fields pad with NULs)
+_USTAR = struct.Struct("100s24s12s12s8s1s355s")
+_PADDING = [ZERO_BLOCK[:n] for n in range(BLOCK)]  # the zeros that fill a member up to its block
 
 
 def coalesce(parts: list[bytes]) -> list[bytes]:
@@ -78,7 +83,7 @@ class TarStreamWriter:
         self.bytes_written = 0
         self._pending: list[bytes] = []
         self._pending_size = 0
-        # The fixed parts of every header, and their byte sum, so a header costs two joins.
+        # The fixed parts of every header, and their byte sum, so a header costs one pack.
         self._ids = _octal(mode, 8) + _octal(0, 8) + _octal(0, 8)  # mode, uid, gid
         self._mtime_field = _octal(mtime, 12)
         self._fixed_sum = sum(self._ids) + sum(self._mtime_field) + 8 * 32 + sum(_HEADER_TAIL)
@@ -95,39 +100,91 @@ class TarStreamWriter:
 
     def add(self, name: str, data: bytes) -> None:
         """Append one regular file."""
-        encoded = name.encode("utf-8", "surrogateescape")
-        size = len(data)
-        if len(encoded) > 100 or not encoded.isascii() or size >= _PAX_SIZE:  # ustar cannot hold it
-            payload = _pax_payload(encoded, size)
-            self._emit(self._header(b"././@PaxHeader", len(payload), b"x"), payload)
-            encoded = encoded[:100] if encoded.isascii() else b"@LongName"
-            size_field = 0 if size >= _PAX_SIZE else size
-        else:
-            size_field = size
-        self._emit(self._header(encoded, size_field, b"0"), data)
-
-    def _emit(self, header: bytes, data: bytes) -> None:
-        size = len(data)
-        padding = -size % BLOCK
-        pending = self._pending
-        pending.append(header)
-        if size:
-            pending.append(data)
-        if padding:
-            pending.append(ZERO_BLOCK[:padding])
-        written = BLOCK + size + padding
-        self.bytes_written += written
-        self._pending_size += written
+        size = self._put(name, data, self._pending)
+        self.bytes_written += size
+        self._pending_size += size
         if self._pending_size >= _FLUSH_AT:
             self.flush()
 
+    def add_samples(self, samples: Sequence[Sequence[tuple[str, bytes]]], limit: float) -> int:
+        """Append whole samples (each its (name, bytes) members) while the archive, end marker
+        included, stays within `limit` bytes; an empty archive takes its first sample whatever its
+        size (so ShardWriter can roll over on it). Returns how many samples were added.
+
+        The same bytes as add() member by member, for less per member: the pieces of small samples
+        are joined into one piece per run (packing 100k tiny files is mostly this per-member cost)."""
+        written = self.bytes_written
+        run: list[bytes] = []  # pieces of small samples, joined into one before they go pending
+        count = 0
+        try:
+            for members in samples:
+                parts: list[bytes] = []
+                size = 0
+                for name, data in members:
+                    size += self._put(name, data, parts)
+                if written and written + size + 2 * BLOCK > limit:
+                    break
+                written += size
+                count += 1
+                self._pending_size += size
+                if size < _BIG:
+                    run += parts
+                else:  # big data stays a piece of its own, never copied
+                    run = self._hand_on(run)
+                    self._pending += parts
+                if self._pending_size >= _FLUSH_AT:
+                    run = self._hand_on(run)
+                    self.bytes_written = written
+                    self.flush()
+        finally:  # whole samples only: one that failed half-way (a name that cannot be encoded) is left out
+            self._hand_on(run)
+            self.bytes_written = written
+        return count
+
+    def _hand_on(self, run: list[bytes]) -> list[bytes]:
+        """Add a run of small pieces to the pending ones as one piece; returns a new, empty run."""
+        if run:
+            self._pending.append(b"".join(run))
+        return []
+
+    def _put(self, name: str, data: bytes, parts: list[bytes]) -> int:
+        """Append one regular file's pieces to `parts` (a pax header first when ustar cannot hold
+        its name or size); returns their bytes."""
+        encoded = name.encode("utf-8", "surrogateescape")
+        size = len(data)
+        written = 0
+        size_field = size
+        if len(encoded) > 100 or size >= _PAX_SIZE or not encoded.isascii():  # ustar cannot hold it
+            payload = _pax_payload(encoded, size)
+            written = self._put_piece(self._header(b"././@PaxHeader", len(payload), b"x"), payload, parts)
+            encoded = encoded[:100] if encoded.isascii() else b"@LongName"
+            size_field = 0 if size >= _PAX_SIZE else size
+        parts.append(self._header(encoded, size_field, b"0"))  # _put_piece written out: once per member
+        if size:
+            parts.append(data)
+        padding = -size % BLOCK
+        if padding:
+            parts.append(_PADDING[padding])
+        return written + BLOCK + size + padding
+
+    @staticmethod
+    def _put_piece(header: bytes, data: bytes, parts: list[bytes]) -> int:
+        parts.append(header)
+        size = len(data)
+        if size:
+            parts.append(data)
+        padding = -size % BLOCK
+        if padding:
+            parts.append(_PADDING[padding])
+        return BLOCK + size + padding
+
     def _header(self, name: bytes, size: int, typeflag: bytes) -> bytes:
+        """A ustar header; `name` has at most 100 bytes, so adler32 sums it (and the size field)
+        exactly (see tar_headers.byte_sum): chained, adler32 carries on the running sum."""
         size_field = b"%011o\0" % size
-        checksum = self._fixed_sum + byte_sum(name) + sum(size_field) + typeflag[0]
-        return b"".join((
-            name, ZERO_BLOCK[: 100 - len(name)], self._ids, size_field, self._mtime_field,
-            b"%06o\0 " % checksum, typeflag, _HEADER_TAIL,
-        ))
+        checksum = self._fixed_sum + typeflag[0] + (adler32(size_field, adler32(name)) & 0xFFFF) - 1
+        return _USTAR.pack(name, self._ids, size_field, self._mtime_field, b"%06o\0 " % checksum, typeflag,
+                           _HEADER_TAIL)
 
     def flush(self) -> None:
         """Hand every pending byte to the stream (does not flush the stream itself)."""
