@@ -36,26 +36,43 @@ def _connect(address: str | None, client: Any, workers: int | None, threads_per_
         except (OSError, TimeoutError) as exc:
             raise JobError(f"cannot reach the Dask scheduler at {address}: {exc}") from None
         return client, None, address
-    import dask
-
-    from shardflow.backends.local import default_workers
-
-    # worker-saturation 1.0: a worker holds only the tasks it is running, so when a task kills its
-    # worker no innocent task queued behind it on that worker is counted towards allowed-failures.
-    # The workers' statistical profiler (a 10 ms sampler sharing the GIL with the tasks) is off on the
-    # clusters started here: 3-7 % of the workers' CPU in every round measured (bench/README.md, Speed)
-    with dask.config.set({"distributed.scheduler.worker-saturation": 1.0,
-                          "distributed.worker.profile.enabled": False}):
-        cluster = distributed.LocalCluster(
-            n_workers=workers or default_workers(), threads_per_worker=threads_per_worker, processes=True,
-            dashboard_address=dashboard_address,
-        )
+    cluster = start_local_cluster(workers, threads_per_worker, dashboard_address)
     try:
         client = distributed.Client(cluster, set_as_default=False)
     except BaseException:
         cluster.close()
         raise
     return client, cluster, cluster.scheduler_address
+
+
+# The LocalCluster shardflow starts (bench/bench_dask.py starts its own with the same settings, so it
+# measures what users get):
+# - worker-saturation 1.0: a worker holds only the tasks it is running, so when a task kills its
+#   worker no innocent task queued behind it on that worker is counted towards allowed-failures;
+# - the workers' statistical profiler (a 10 ms sampler sharing the GIL with the tasks) off: 3-7 % of
+#   the workers' CPU in every round measured (bench/README.md, Speed);
+# - no MALLOC_TRIM_THRESHOLD_ (the nanny's default 65536): setting it turns off glibc's dynamic mmap
+#   threshold, so every buffer over 128 KiB (a decoded image, a tensor, a PNG) is a fresh mmap whose
+#   pages fault in and are zeroed, and is unmapped when freed. The augment job's workers took ~1/3
+#   more CPU with it (12x the page faults, sys time 30 % of their CPU; docs/dask.md). The nannies
+#   live in this process and export their variables into it, so they reached later local runs too.
+LOCAL_CLUSTER_CONFIG = {"distributed.scheduler.worker-saturation": 1.0, "distributed.worker.profile.enabled": False,
+                        "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}
+
+
+def start_local_cluster(workers: int | None, threads_per_worker: int = 1, dashboard_address: str | None = ":8787",
+                        ) -> Any:
+    """A LocalCluster of `workers` processes (default one per core) with LOCAL_CLUSTER_CONFIG."""
+    import dask
+
+    from shardflow.backends.local import default_workers
+
+    distributed = import_distributed()
+    with dask.config.set(LOCAL_CLUSTER_CONFIG):
+        return distributed.LocalCluster(
+            n_workers=workers or default_workers(), threads_per_worker=threads_per_worker, processes=True,
+            dashboard_address=dashboard_address,
+        )
 
 
 def _print_dashboard(client: Any) -> None:
