@@ -2,7 +2,8 @@
 
   processes   job.run("processes", workers=W)                     shardflow's local process pool
   dask        job.run("dask", client=...) on a LocalCluster of W worker processes x 1 thread,
-              started before the clock and kept across runs (a cluster outlives its jobs)
+              started before the clock and kept across runs (a cluster outlives its jobs), with
+              the settings of the one the backend starts (its workers' profiler off)
   dask+start  job.run("dask", workers=W): the backend starts its own LocalCluster; its start and
               stop are timed too (cold workers)
   recipe      the webdataset docs' way on the same cluster as "dask": one dask.delayed per shard
@@ -106,9 +107,13 @@ class Meter:
 
 
 def local_cluster(workers: int):
-    from distributed import Client, LocalCluster
+    """The LocalCluster of "dask" and "recipe", with the settings of the one the backend starts (profiler
+    off, worker-saturation 1.0): a plain LocalCluster's 10 ms profiler would be measured as the backend."""
+    from distributed import Client
 
-    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0")
+    from shardflow.backends.dask.client import start_local_cluster
+
+    cluster = start_local_cluster(workers, threads_per_worker=1, dashboard_address=":0")
     return cluster, Client(cluster, set_as_default=False)
 
 

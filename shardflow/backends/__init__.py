@@ -12,7 +12,7 @@ import importlib
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from shardflow.errors import RAISE, FailureKind, JobError
+from shardflow.errors import JobError
 from shardflow.run.lease import RunLease
 from shardflow.run.progress import DEFAULT_HEARTBEAT_S, Progress, json_reader, known_total
 from shardflow.run.report import RunReport, build_report
@@ -80,7 +80,7 @@ def _run_pending(job: "ShardJob", backend: str = "processes", *, force: bool = F
         for result in stream:
             results[result.task_id] = result
             bar.task_finished(result)
-            if result.status == "failed" and (job.on_error == RAISE or result.kind == FailureKind.USER):
+            if result.stops_run(job.on_error):
                 break
     except KeyboardInterrupt:
         interrupted = True

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardflow.errors import FailureKind
+from shardflow.errors import RAISE, FailureKind
 from shardflow.run.stats import Stats
 
 # Failure kinds, by their 0.1.0 names (TaskResult.kind holds these values; see errors.FailureKind).
@@ -57,6 +57,11 @@ class TaskResult:
     @property
     def ok(self) -> bool:
         return self.status != "failed"
+
+    def stops_run(self, on_error: str) -> bool:
+        """Whether this result ends the whole run: any failure under on_error="raise", and a `user`
+        failure always (the job cannot work there, so every other task would fail the same way)."""
+        return self.status == "failed" and (on_error == RAISE or self.kind == USER)
 
     @classmethod
     def failed(cls, task_id: int, error: str, kind: str, attempts: int = 1) -> "TaskResult":

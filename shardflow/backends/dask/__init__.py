@@ -10,9 +10,14 @@ How it works (docs/dask.md has the user's view):
   any worker); each worker fetches and unpickles it on its first task and keeps it for the run.
   Tasks carry only a Task value (ids and URLs) and have no dependencies, so the scheduler queues
   them and hands them out in plan order as worker threads free up.
-- Only pending task ids are submitted (run_job already skipped the finished ones), at most
-  `max_in_flight` at a time (default 3 x the cluster's threads), topped up as results come back, so
-  100,000 tasks never sit in the scheduler at once. Each result is released as soon as it is read.
+- Only pending task ids are submitted (run_job already skipped the finished ones), in at most
+  `max_in_flight` Dask tasks at a time (default 3 x the cluster's threads), topped up as results
+  come back, so 100,000 tasks never sit in the scheduler at once. Each result is released as soon
+  as it is read (submit.py).
+- Tiny tasks go several per Dask task (`tasks_per_call`, automatic by default: backends.groups),
+  so the scheduler's ~5 ms per Dask task is paid once per group; each still runs through run_task
+  alone and is recorded and reported alone. A group whose workers keep dying is split: each of its
+  unfinished tasks is retried alone, so only the culprit fails.
 - Workers stream sample counts to the client through Dask's event topics (`Worker.log_event`), so
   the progress bar moves while long tasks run.
 - A worker killed mid-task: the scheduler reruns its task elsewhere; run_task is idempotent and its

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 import types
 from typing import Any, Callable, Iterator
 
@@ -79,8 +80,16 @@ def _fetch_job(token: str, variable: str) -> Any:
         return job
 
 
+_FLUSH_S = 0.2  # sample counts and results leave a worker at most this often (and at each call's end)
+
+
 class _Reporter:
-    """run_task's progress callback on a worker: sends sample counts, and notices cancellation."""
+    """The link of one Dask task (a group of tasks) to the client: run_task's progress callback, the
+    results as tasks finish, and the check for cancellation.
+
+    Counts and results go out together on the run's event topic, at most every _FLUSH_S: a group of
+    tiny tasks sends a few events, not two per task, and the results of the tasks it finished reach
+    the client even when a later one kills the worker."""
 
     def __init__(self, topic: str) -> None:
         from distributed import get_worker
@@ -91,14 +100,31 @@ class _Reporter:
             self.key = self.worker.get_current_task()
         except Exception:  # noqa: BLE001 - only used to notice cancellation
             self.key = None
+        self.samples = 0
+        self.results: list[tuple[dict[str, Any], float]] = []
+        self.sent_at = time.monotonic()
 
     def __call__(self, count: int) -> None:
-        try:
-            self.worker.log_event(self.topic, int(count))
-        except Exception:  # noqa: BLE001 - progress is best effort, never a reason to fail a task
-            pass
+        self.samples += int(count)
+        self._send_when_due()
         if self.cancelled():
             raise _Cancelled()
+
+    def finished(self, result: TaskResult, seconds: float) -> None:
+        self.results.append((result.to_json(), seconds))
+        self._send_when_due()
+
+    def _send_when_due(self) -> None:
+        if time.monotonic() - self.sent_at >= _FLUSH_S:
+            self.send()
+
+    def send(self) -> None:
+        if self.samples or self.results:
+            try:
+                self.worker.log_event(self.topic, {"key": self.key, "samples": self.samples, "results": self.results})
+            except Exception:  # noqa: BLE001 - progress is best effort; results also come back as the return value
+                pass
+        self.samples, self.results, self.sent_at = 0, [], time.monotonic()
 
     def cancelled(self) -> bool:
         if self.key is None:
@@ -119,37 +145,45 @@ def _worker_address() -> str:
         return "?"
 
 
-def run_on_worker(task: Task, token: str, variable: str, topic: str) -> TaskResult:
-    """What each Dask task runs: the job (fetched and unpickled once per worker), then run_task.
+def run_on_worker(tasks: list[Task], token: str, variable: str, topic: str) -> list[TaskResult]:
+    """What each Dask task runs: one task or a group of them (backends.groups), each through run_task
+    in turn and recorded alone, as on every backend.
 
-    The result is also sent to the client on the run's event topic, ahead of the task's completion,
-    so the client need not fetch it through the scheduler (it still can: the return value)."""
-    result = _run(task, token, variable, topic)
-    try:
-        from distributed import get_worker
-
-        worker = get_worker()
-        worker.log_event(topic, {"key": worker.get_current_task(), "result": result.to_json()})
-    except Exception:  # noqa: BLE001 - the client gathers the return value instead
-        pass
-    return result
-
-
-def _run(task: Task, token: str, variable: str, topic: str) -> TaskResult:
+    The group stops early when the run is cancelled or a result ends the run (TaskResult.stops_run):
+    its later tasks stay pending. Results also go to the client as events (_Reporter), so the client
+    need not fetch them through the scheduler (it still can: the return value)."""
     try:
         job = _fetch_job(token, variable)
     except ModuleNotFoundError as exc:
-        return TaskResult.failed(task.id, missing_module_message(_worker_address(), exc.name), FailureKind.USER)
+        return [TaskResult.failed(tasks[0].id, missing_module_message(_worker_address(), exc.name), FailureKind.USER)]
     except Exception as exc:  # noqa: BLE001 - e.g. a class the job pickled that changed shape
-        return TaskResult.failed(task.id, f"worker {_worker_address()} cannot load the job: {type(exc).__name__}: "
-                                 f"{exc} (are shardflow, Python and the job's packages the same versions as on the "
-                                 "client?)", FailureKind.USER)
+        return [TaskResult.failed(tasks[0].id, f"worker {_worker_address()} cannot load the job: "
+                                  f"{type(exc).__name__}: {exc} (are shardflow, Python and the job's packages the "
+                                  "same versions as on the client?)", FailureKind.USER)]
     try:
-        reporter: Callable[[int], None] | None = _Reporter(topic)
+        reporter: _Reporter | None = _Reporter(topic)
     except Exception:  # noqa: BLE001 - not inside a worker (tests calling this directly)
         reporter = None
+    results: list[TaskResult] = []
     try:
-        return run_task(task, job, progress=reporter)
+        for task in tasks:
+            if reporter is not None and reporter.cancelled():
+                break
+            started = time.perf_counter()
+            results.append(_run(task, job, reporter))
+            if reporter is not None:
+                reporter.finished(results[-1], time.perf_counter() - started)
+            if results[-1].stops_run(job.on_error):
+                break
+    finally:
+        if reporter is not None:
+            reporter.send()
+    return results
+
+
+def _run(task: Task, job: Any, reporter: _Reporter | None) -> TaskResult:
+    try:
+        result = run_task(task, job, progress=reporter)
     except _MissingModule as exc:
         message = missing_module_message(_worker_address(), exc.name)
         try:
@@ -158,6 +192,11 @@ def _run(task: Task, token: str, variable: str, topic: str) -> TaskResult:
             return TaskResult.failed(task.id, message, FailureKind.USER)
     except _Cancelled:
         return TaskResult.failed(task.id, "cancelled: the run was stopped", FailureKind.IO)
+    if result.status == "skipped":
+        # only pending tasks are submitted: its marker is from an earlier attempt of this Dask task in
+        # this run (a worker that died after finishing it, before its result reached the client)
+        result.status = "done"
+    return result
 
 
 def worker_check(run_dir_path: str | None, probes: list[tuple[str, str, Any]] = ()) -> dict[str, Any]:
