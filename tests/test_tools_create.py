@@ -196,3 +196,22 @@ def test_inline_batches_of_big_files_are_cut_short_and_lose_nothing(tmp_path, mo
     batches = list(create.read_batches(samples, None, jobs=0, batch=256))
     assert [len(b) for b in batches] == [3, 3, 3, 1]
     assert [m for b in batches for m in b] == [[(f"{i}.bin", bytes([i]) * 1000)] for i in range(10)]
+
+
+def test_directory_order_is_tars_where_folder_names_share_a_prefix(tmp_path):
+    # A plain string sort puts 'a.b/y' and 'a-c/z' before 'a/x' ('-' < '.' < '/'); tar walks each folder's
+    # entries in name order, depth first.
+    src = tmp_path / "src"
+    for rel in ("a/x.txt", "a/x.cls", "a.b/y.txt", "a-c/z.txt", "a/b/w.txt", "ab.txt"):
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(rel.encode())
+    result = run("create", src, "-o", tmp_path / "out.tar")
+    assert result.exit_code == 0, result.output
+    listing = subprocess.run(["tar", "--sort=name", "-cf", "-", "-C", str(src), "."], capture_output=True,
+                             check=True).stdout
+    names = subprocess.run(["tar", "-tf", "-"], input=listing, capture_output=True, check=True).stdout.decode()
+    files = [n.removeprefix("./") for n in names.split() if not n.endswith("/")]
+    samples = list(sf.read_samples(str(tmp_path / "out.tar")))
+    ours = [f"{s['__key__']}.{ext}" for s in samples for ext in sorted(k for k in s if not k.startswith("__"))]
+    assert ours == files
+    assert files.index("a/x.cls") < files.index("a.b/y.txt")

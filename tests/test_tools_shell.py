@@ -186,16 +186,20 @@ def test_clean_environment_and_parallel_output_is_identical(tmp_path, monkeypatc
     monkeypatch.setenv("WANTED", "passed")
     spec = text_shard(tmp_path / "in.tar", 8)
     (tmp_path / "busy").mkdir()
-    command = ('n=$(ls "$BUSY" | wc -l); touch "$BUSY/$$"; sleep 0.3; rm "$BUSY/$$"; echo $n > seen.num; '
+    # Each command marks itself busy; with WAIT=1 it waits (up to 5 s, not a fixed sleep: a loaded machine
+    # may start commands far apart) until another command is busy too. Seen = how many others were busy.
+    command = ('touch "$BUSY/$$"; i=0; while [ "$WAIT" = 1 ] && [ $(ls "$BUSY" | wc -l) -lt 2 ] && [ $i -lt 50 ]; '
+               'do sleep 0.1; i=$((i+1)); done; n=$(ls "$BUSY" | wc -l); rm "$BUSY/$$"; echo $((n-1)) > seen.num; '
                'case "$HOME" in "$TMPDIR") ;; *) exit 7;; esac; '
-               'env | grep -v -e "^PWD=" -e "^SHLVL=" -e "^_=" -e "^BUSY=" -e "^HOME=" -e "^TMPDIR=" '
+               'env | grep -v -e "^PWD=" -e "^SHLVL=" -e "^_=" -e "^BUSY=" -e "^HOME=" -e "^TMPDIR=" -e "^WAIT=" '
                '| sort > vars.env; '
                'tr a-z A-Z < "$(ls *.txt)" > upper.up')
     outputs = {}
     for parallel in (1, 4):
         out = tmp_path / f"p{parallel}"
         result = run("map", spec, "-o", out / "{name}.tar", "-c", command, "-p", parallel, "--env", "EXTRA=1",
-                     "--pass-env", "WANTED", "--env", f"BUSY={tmp_path / 'busy'}", "-b", "serial", "--no-progress")
+                     "--pass-env", "WANTED", "--env", f"BUSY={tmp_path / 'busy'}", "--env", f"WAIT={int(parallel > 1)}",
+                     "-b", "serial", "--no-progress")
         assert result.exit_code == 0, result.output
         samples = list(sf.read_samples(str(out / "in.tar")))
         outputs[parallel] = [{k: v for k, v in s.items() if k not in ("__url__", "num")} for s in samples]

@@ -23,7 +23,6 @@ import random
 import subprocess
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from operator import itemgetter
 from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 from shardflow.errors import JobError, ShardIOError
@@ -59,8 +58,14 @@ def plan_directory(root: str) -> list[tuple[str, str]]:
                     found.append((prefix + entry.name, entry.path))
                 elif entry.is_dir(follow_symlinks=False):  # like tar: never into a linked folder (no loops)
                     folders.append((entry.path, f"{prefix}{entry.name}/"))
-    found.sort(key=itemgetter(0))  # names are unique: comparing the names alone is enough, and faster
+    found.sort(key=lambda item: tar_order(item[0]))  # names are unique: comparing them alone is enough
     return found
+
+
+def tar_order(name: str) -> str:
+    """Sort key giving `tar --sort=name`'s order: a folder's entries by name, depth first, so `a/x` comes
+    before `a.b/y` (a plain string sort puts '.' before '/'). NUL never occurs in a member name."""
+    return name.replace("/", "\0")
 
 
 def plan_remote_tree(url: str, storage_options: dict[str, Any] | None) -> list[tuple[str, str]]:
@@ -72,7 +77,7 @@ def plan_remote_tree(url: str, storage_options: dict[str, Any] | None) -> list[t
         rel = path[len(root) + 1 :] if path.startswith(root + "/") else path.rsplit("/", 1)[-1]
         if rel and not any(part.startswith(".") for part in rel.split("/")):
             found.append((rel, fs.unstrip_protocol(path)))
-    found.sort()
+    found.sort(key=lambda item: tar_order(item[0]))
     if not found:
         raise JobError(f"{url!r} holds no files")
     return found
