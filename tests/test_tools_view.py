@@ -6,6 +6,7 @@ import csv
 import io
 import json
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 from PIL import Image
@@ -102,12 +103,19 @@ def test_show_inline_protocols():
 
     assert sheet.inline_protocol(Tty(), {"TERM": "xterm-kitty"}) == "kitty"
     assert sheet.inline_protocol(Tty(), {"TERM_PROGRAM": "iTerm.app"}) == "iterm"
-    assert sheet.inline_protocol(Tty(), {"TERM": "xterm-256color"}) is None
+    assert sheet.inline_protocol(Tty(), {"TERM": "xterm-256color"}, ask_sixel=lambda: False) is None
+    assert sheet.inline_protocol(Tty(), {"TERM": "xterm-256color"}, ask_sixel=lambda: True) == "sixel"
+    assert sheet.inline_protocol(Tty(), {"TERM": "dumb"}, ask_sixel=lambda: True) is None
     assert sheet.inline_protocol(io.BytesIO(), {"TERM": "xterm-kitty"}) is None  # not a terminal
-    data = png((1, 2, 3)) * 200
-    kitty = sheet.inline_image(data, "kitty")
+    assert sheet.inline_protocol(io.BytesIO(), {"SHARDFLOW_INLINE": "sixel"}) == "sixel"  # asked for
+    assert sheet.inline_protocol(Tty(), {"TERM": "xterm-kitty", "SHARDFLOW_INLINE": "none"}) is None
+    noise = Image.frombytes("RGB", (400, 300), np.random.default_rng(0).bytes(360_000))  # several kitty chunks
+    data = sheet.png_bytes(noise)
+    kitty = sheet.inline_image(noise, "kitty")
     assert kitty.startswith(b"\x1b_Ga=T,f=100,m=1;") and kitty.rstrip().endswith(b"\x1b\\")
-    assert sheet.inline_image(data, "iterm").startswith(b"\x1b]1337;File=inline=1;size=%d" % len(data))
+    assert sheet.inline_image(noise, "iterm").startswith(b"\x1b]1337;File=inline=1;size=%d" % len(data))
+    six = sheet.inline_image(noise, "sixel")
+    assert six.startswith(b'\x1bPq"1;1;400;300') and six.rstrip().endswith(b"\x1b\\")
 
 
 def test_show_without_images_fails_cleanly(tmp_path):

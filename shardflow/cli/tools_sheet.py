@@ -1,5 +1,6 @@
 """The contact sheet of `shardflow show`: tiles of images with their keys and labels (PIL), and
-showing a PNG inline on terminals that can (kitty graphics protocol, iTerm2/WezTerm inline images).
+showing it inline on terminals that can (kitty graphics protocol, iTerm2/WezTerm inline images, DEC
+sixel graphics: cli.sixel).
 
 Layout (tests rely on it): `columns` tiles per row, each `PAD + size` wide and `PAD + size + TEXT_H`
 high, plus PAD at the right and bottom; a tile's image is thumbnailed to fit `size` x `size` and
@@ -12,8 +13,9 @@ import base64
 import io
 import os
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Callable
 
+from shardflow.cli.sixel import encode_sixel, terminal_has_sixel
 from shardflow.cli.tools_common import printable
 from shardflow.codecs import IMAGE_EXTENSIONS
 
@@ -95,9 +97,20 @@ def png_bytes(image: Any) -> bytes:
     return out.getvalue()
 
 
-def inline_protocol(stream: BinaryIO | Any, environ: dict[str, str] | None = None) -> str | None:
-    """'kitty' or 'iterm' when `stream` is a terminal known to show images inline, else None."""
+PROTOCOLS = ("kitty", "iterm", "sixel")
+
+
+def inline_protocol(stream: BinaryIO | Any, environ: dict[str, str] | None = None,
+                    ask_sixel: Callable[[], bool] | None = None) -> str | None:
+    """'kitty', 'iterm' or 'sixel' when `stream` is a terminal that shows images inline, else None.
+
+    kitty and iTerm2/WezTerm say who they are in the environment; sixel support is asked of the
+    terminal (`ask_sixel`, default: its device attributes on /dev/tty). SHARDFLOW_INLINE=kitty|iterm|
+    sixel|none decides instead, also when `stream` is not a terminal (to keep the sequence in a file)."""
     env = os.environ if environ is None else environ
+    forced = env.get("SHARDFLOW_INLINE", "").lower()
+    if forced:
+        return forced if forced in PROTOCOLS else None
     isatty = getattr(stream, "isatty", None)
     if not (isatty and isatty()):
         return None
@@ -105,11 +118,28 @@ def inline_protocol(stream: BinaryIO | Any, environ: dict[str, str] | None = Non
         return "kitty"
     if env.get("TERM_PROGRAM") in ("iTerm.app", "WezTerm") or env.get("LC_TERMINAL") == "iTerm2":
         return "iterm"
-    return None
+    if env.get("TERM", "dumb") == "dumb":
+        return None
+    return "sixel" if (ask_sixel or _controlling_terminal_has_sixel)() else None
 
 
-def inline_image(png: bytes, protocol: str) -> bytes:
-    """The escape sequence that shows `png` inline (kitty: chunks of 4096 base64 bytes)."""
+def _controlling_terminal_has_sixel() -> bool:
+    try:
+        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
+    except OSError:
+        return False
+    try:
+        return terminal_has_sixel(fd)
+    finally:
+        os.close(fd)
+
+
+def inline_image(image: Any, protocol: str) -> bytes:
+    """The escape sequence that shows `image` (a PIL image) inline (kitty: chunks of 4096 base64
+    bytes of its PNG; sixel: at most 256 colours)."""
+    if protocol == "sixel":
+        return encode_sixel(image) + b"\n"
+    png = png_bytes(image)
     data = base64.standard_b64encode(png)
     if protocol == "iterm":
         return b"\x1b]1337;File=inline=1;size=%d;preserveAspectRatio=1:" % len(png) + data + b"\x07\n"

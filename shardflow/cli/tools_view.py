@@ -185,7 +185,7 @@ def show_command(spec: tuple[str, ...], count: int, output: str | None, columns:
                  storage_option: tuple[str, ...]) -> None:
     """A contact sheet of the images of the first N samples, with their keys and labels (tarshow).
 
-    Shown inline on terminals that can (kitty, iTerm2, WezTerm), else printed as a text table; with
+    Shown inline on terminals that can (kitty, iTerm2, WezTerm, sixel terminals), else printed as a text table; with
     -o also written as a PNG. Samples without an image are skipped.
 
     \b
@@ -198,12 +198,12 @@ def show_command(spec: tuple[str, ...], count: int, output: str | None, columns:
         tiles = _tiles(expand_all(spec, options), options, allow_pipe, count, image_ext, label_field)
         if not tiles:
             raise Fail("no sample with an image member" + (f" {image_ext!r}" if image_ext else ""), EXIT_FAILED)
-        png = sheet.png_bytes(sheet.render(tiles, columns, size))
+        image = sheet.render(tiles, columns, size)
         if output:
-            _write_atomic(output, png, options)
+            _write_atomic(output, sheet.png_bytes(image), options)
         protocol = sheet.inline_protocol(sys.stdout)
         if protocol:
-            sys.stdout.buffer.write(sheet.inline_image(png, protocol))
+            sys.stdout.buffer.write(sheet.inline_image(image, protocol))
             sys.stdout.flush()
         else:
             for tile in tiles:
