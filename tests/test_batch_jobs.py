@@ -4,6 +4,7 @@ torchvision model built once per worker, weights=None or a checkpoint; the rest 
 from __future__ import annotations
 
 import io
+import types
 
 import numpy as np
 import pytest
@@ -82,3 +83,24 @@ def source_image(shards):
 
     first = next(read_samples(str(sorted(shards.glob("*.tar"))[0])))
     return Decoder("torchrgb8")(first)["jpg"]
+
+
+def test_augment_batch_crops_like_torchvision_without_importing_it():
+    """The job's crop + resize gives torchvision v2's resized_crop pixels, on a CHW tensor and on the
+    channels-last view of a decoded HWC array, and the job file does not import torchvision."""
+    import torch
+    from torchvision.transforms.v2 import functional as F
+
+    from shardflow.run.jobfile import load_job_file
+
+    job = load_job_file("augment_batch")
+    names = [getattr(v, "__name__", "") if isinstance(v, types.ModuleType) else getattr(v, "__module__", "") or ""
+             for v in vars(job.module).values()]
+    assert not [n for n in names if n.startswith("torchvision")]
+    rng = np.random.default_rng(0)
+    hwc = rng.integers(0, 256, (384, 512, 3), dtype=np.uint8)
+    views = (torch.from_numpy(hwc).permute(2, 0, 1), torch.from_numpy(hwc).permute(2, 0, 1).contiguous())
+    for top, left, height, width, size in [(0, 0, 384, 512, 224), (10, 20, 300, 200, 224), (50, 7, 31, 97, 64)]:
+        want = F.resized_crop(views[1], top, left, height, width, [size, size], antialias=True)
+        for image in views:
+            assert torch.equal(job.module.resized_crop(image, top, left, height, width, size), want)

@@ -59,6 +59,14 @@ def crop_box(height, width, rng, scale, ratio):
     return (height - side) // 2, (width - side) // 2, side, side
 
 
+def resized_crop(image, top, left, height, width, size):
+    """The box of a CHW image resized to size x size, bilinear with antialiasing: the pixels of
+    torchvision v2's resized_crop (antialias=True), from torch alone."""
+    crop = image[None, :, top : top + height, left : left + width]
+    return torch.nn.functional.interpolate(crop, size=(size, size), mode="bilinear", antialias=True,
+                                           align_corners=False)[0]
+
+
 GRAY = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights
 
 
@@ -97,9 +105,7 @@ def process_batch(batch):
             image = image.mul(255).round_().clamp_(0, 255).to(torch.uint8)
         rng = sf.sample_rng(sample, "torch")  # CPU generator: the same boxes on every device
         top, left, h, w = crop_box(image.shape[-2], image.shape[-1], rng, p["scale"], p["ratio"])
-        crop = image[None, :, top : top + h, left : left + w].to(device)
-        image = torch.nn.functional.interpolate(crop, size=(p["size"], p["size"]), mode="bilinear",
-                                                antialias=True, align_corners=False)[0]
+        image = resized_crop(image.to(device), top, left, h, w, p["size"])
         if p["flip"] and torch.rand((), generator=rng).item() < 0.5:
             image = image.flip(-1)
         crops.append(image)
