@@ -5,7 +5,9 @@ without importing the others."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable
+
+from shardflow.errors import ShardIOError
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,22 @@ class OneShard:
     nsamples: int
     _atomic: Any  # the AtomicOutput the writer owns (a URL it was given), or None (a stream)
     _sink: Any  # the HashingSink every byte went through
+
+    def _close_after(self, finish: Callable[[], None]) -> ShardInfo:
+        """close() for every writer: `finish` writes and drains the last bytes, then the shard is
+        committed; any failure aborts it (nothing appears under its name), an OSError as a
+        ShardIOError naming the shard."""
+        if self.closed:
+            raise ValueError(f"{self.url} is already closed")
+        try:
+            finish()
+        except BaseException as exc:
+            self.closed = False  # `finish` may have marked it closed (a stream it closed): abort anyway
+            self.abort()
+            if isinstance(exc, OSError):
+                raise ShardIOError(f"write failed: {exc}", url=self.url) from exc
+            raise
+        return self._commit()
 
     def _commit(self) -> ShardInfo:
         """After every byte was written: closed, published under its name (when the writer owns the

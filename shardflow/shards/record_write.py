@@ -104,17 +104,11 @@ class RecordWriter(OneShard):
 
     def close(self) -> ShardInfo:
         """Flush and commit the shard; returns its receipt."""
-        if self.closed:
-            raise ValueError(f"{self.url} is already closed")
-        try:
-            self._flush_batch()
-            self._sink.drain()
-        except BaseException as exc:
-            self.abort()
-            if isinstance(exc, OSError):
-                raise ShardIOError(f"write failed: {exc}", url=self.url) from exc
-            raise
-        return self._commit()
+        return self._close_after(self._finish)
+
+    def _finish(self) -> None:
+        self._flush_batch()
+        self._sink.drain()
 
     def abort(self) -> None:
         """Throw the shard away (nothing appears under its name); safe to call more than once."""

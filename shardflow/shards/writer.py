@@ -154,23 +154,16 @@ class TarWriter(OneShard):
 
     def close(self) -> ShardInfo:
         """Finish the archive and commit it; returns its receipt."""
-        if self.closed:
-            raise ValueError(f"{self.url} is already closed")
-        try:
-            self._tar.finish()
-            if self._gzip is not None:
-                self._gzip.finish()
-            self._sink.drain()  # every byte hashed and handed to the output
-            if self._owned is not None:
-                self.closed = True
-                self._owned.close()  # a failing pipe: command raises PipeError here
-        except BaseException as exc:
-            self.closed = False
-            self.abort()
-            if isinstance(exc, OSError):
-                raise ShardIOError(f"write failed: {exc}", url=self.url) from exc
-            raise
-        return self._commit()
+        return self._close_after(self._finish)
+
+    def _finish(self) -> None:
+        self._tar.finish()
+        if self._gzip is not None:
+            self._gzip.finish()
+        self._sink.drain()  # every byte hashed and handed to the output
+        if self._owned is not None:
+            self.closed = True
+            self._owned.close()  # a failing pipe: command raises PipeError here
 
     def abort(self) -> None:
         """Throw the shard away (nothing appears under its name); safe to call more than once."""
