@@ -34,7 +34,6 @@ import argparse
 import io
 import os
 import platform
-import resource
 import shutil
 import sys
 import tarfile
@@ -44,6 +43,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from cpu_time import descendants_cpu, own_cpu  # noqa: E402
 
 from shardflow.run.demo import write_synthetic_shards  # noqa: E402
 from shardflow.run.jobfile import load_job, load_job_file  # noqa: E402
@@ -65,27 +66,6 @@ def recipe_shard(src: str, dst: str) -> int:
             sink.write({"__key__": out["__key__"], "png": out["png"].permute(1, 2, 0).numpy(), "cls": out["cls"]})
             count += 1
     return count
-
-
-def _cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def _children_cpu_seconds() -> float:
-    """CPU of every process this one started: reaped children, plus live ones (a fork server) with the
-    children they reaped (the pool's workers)."""
-    import psutil
-
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    total = usage.ru_utime + usage.ru_stime
-    for child in psutil.Process().children(recursive=True):
-        try:
-            t = child.cpu_times()
-            total += t.user + t.system + t.children_user + t.children_system
-        except psutil.NoSuchProcess:
-            pass
-    return total
 
 
 def run_recipe(inputs: list[str], out: Path, workers: int) -> tuple[float, float, int]:
@@ -112,11 +92,11 @@ def _recipe_on_cluster(inputs: list[str], out: Path, workers: int) -> tuple[floa
             Client(cluster) as client:
         client.wait_for_workers(workers)
         tasks = [dask.delayed(recipe_shard)(src, str(out / Path(src).name)) for src in inputs]
-        cpu_before = sum(client.run(_cpu_seconds).values()) + _cpu_seconds()
+        cpu_before = sum(client.run(own_cpu).values()) + own_cpu()
         started = time.perf_counter()
         counts = dask.compute(*tasks)
         elapsed = time.perf_counter() - started
-        cpu = sum(client.run(_cpu_seconds).values()) + _cpu_seconds() - cpu_before
+        cpu = sum(client.run(own_cpu).values()) + own_cpu() - cpu_before
         return elapsed, cpu, sum(counts)
 
 
@@ -133,12 +113,12 @@ def _stop_forkserver() -> None:
 def run_shardflow(inputs_spec: str, out: Path, backend: str, workers: int | None) -> tuple[float, float, int]:
     job = load_job(JOB_FILE, inputs=inputs_spec, outputs=str(out / "{name}.tar"))
     _stop_forkserver()
-    cpu_before = _cpu_seconds() + _children_cpu_seconds()
+    cpu_before = own_cpu() + descendants_cpu()
     started = time.perf_counter()
     report = job.run(backend, workers=workers) if workers else job.run(backend)
     elapsed = time.perf_counter() - started
     _stop_forkserver()
-    cpu = _cpu_seconds() + _children_cpu_seconds() - cpu_before
+    cpu = own_cpu() + descendants_cpu() - cpu_before
     assert report.ok, str(report)
     return elapsed, cpu, report.stats.samples_out
 
@@ -151,7 +131,7 @@ def run_loop(inputs: list[str], out: Path) -> tuple[float, float, int]:
     process = load_job_file(JOB_FILE).fn
     decode, encode = Decoder("torchrgb"), Encoder(png_compress_level=1)
     out.mkdir(parents=True, exist_ok=True)
-    cpu_before = _cpu_seconds()
+    cpu_before = own_cpu()
     started = time.perf_counter()
     count = 0
     for src in inputs:
@@ -178,7 +158,7 @@ def run_loop(inputs: list[str], out: Path) -> tuple[float, float, int]:
                 sample["__url__"] = src
                 sample[ext] = tin.extractfile(member).read()
             count += flush()
-    return time.perf_counter() - started, _cpu_seconds() - cpu_before, count
+    return time.perf_counter() - started, own_cpu() - cpu_before, count
 
 
 # -- driver ---------------------------------------------------------------------------------------------

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import resource
 import shutil
 import statistics
 import subprocess
@@ -37,6 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 import numpy as np  # noqa: E402
+from cpu_time import descendants_cpu, own_cpu  # noqa: E402
 
 import shardflow as sf  # noqa: E402
 from shardflow.shards.writer import TarWriter  # noqa: E402
@@ -98,19 +98,8 @@ METHODS = {
 
 
 def cpu() -> float:
-    """CPU of this process, of the children it reaped (cat), and of live descendants (the fork server)
-    with the children they reaped (the processes backend's workers)."""
-    import psutil
-
-    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    total = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-    for child in psutil.Process().children(recursive=True):
-        try:
-            t = child.cpu_times()
-            total += t.user + t.system + t.children_user + t.children_system
-        except psutil.NoSuchProcess:
-            pass
-    return total
+    """CPU of this process and of every process it started (cat, the fork server and its workers)."""
+    return own_cpu() + descendants_cpu()
 
 
 def main() -> None:
