@@ -80,6 +80,16 @@ def build_stdlib(spec: list[tuple[str, list[tuple[str, str, int]]]], fmt: int) -
     return Shard(data, samples, spans, starts, empty, data_ranges, meta)
 
 
+def tar_of(members: list[tuple[str, bytes]]) -> bytes:
+    """A valid shard of the (name, data) members, in order, written by TarStreamWriter."""
+    buf = io.BytesIO()
+    writer = TarStreamWriter(buf)
+    for name, data in members:
+        writer.add(name, data)
+    writer.finish()
+    return buf.getvalue()
+
+
 def build(spec: list[tuple[str, list[tuple[str, str, int]]]]) -> Shard:
     """A shard from [(key, [(ext, data kind, size), ...]), ...] written by TarStreamWriter."""
     buf = io.BytesIO()

@@ -7,25 +7,16 @@ import json
 import warnings
 
 import pytest
+from tar_corruption import tar_of
 
 from shardflow.errors import DecodeError, FormatError, SampleError, ShardflowError, ShardflowWarning
 from shardflow.shards.keys import check_key, split_name
 from shardflow.shards.samples import read_samples, sample_members
 from shardflow.shards.tar_headers import BLOCK
 from shardflow.shards.tar_read import iter_members
-from shardflow.shards.tar_write import TarStreamWriter
 from shardflow.shards.writer import TarWriter
 
 URL = "file:///data/shard-000001.tar"
-
-
-def tar_of(names_and_data) -> bytes:
-    buf = io.BytesIO()
-    w = TarStreamWriter(buf)
-    for name, data in names_and_data:
-        w.add(name, data)
-    w.finish()
-    return buf.getvalue()
 
 
 def shard(samples) -> bytes:

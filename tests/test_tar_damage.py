@@ -14,6 +14,7 @@ import warnings
 import zlib
 
 import pytest
+from tar_corruption import tar_of
 
 from shardflow.errors import FormatError, SampleError, ShardflowError, ShardflowWarning
 from shardflow.run.seeds import stable_seed
@@ -21,18 +22,8 @@ from shardflow.shards.samples import read_samples
 from shardflow.shards.tar_headers import BLOCK, byte_sum
 from shardflow.shards.tar_read import Member, iter_members
 from shardflow.shards.tar_recover import Corruption
-from shardflow.shards.tar_write import TarStreamWriter
 
 URL = "file:///d/shard-000000.tar"
-
-
-def tar_of(members) -> bytes:
-    buf = io.BytesIO()
-    w = TarStreamWriter(buf)
-    for name, data in members:
-        w.add(name, data)
-    w.finish()
-    return buf.getvalue()
 
 
 def shard(n: int = 20, exts=("cls", "txt")) -> tuple[bytes, list[dict]]:
