@@ -680,3 +680,24 @@ def test_webdataset_decodes_our_encoding():
     assert out["cls"] == 7 and out["json"] == {"a": 1} and out["txt"] == "hi" and out["mp"] == [1, 2]
     np.testing.assert_array_equal(out["npy"], np.arange(3))
     assert out["json.gz"] == {"z": 0}
+
+
+def test_a_used_decoder_pickles_and_decides_per_entry_name_once():
+    """Decoder keeps each entry name's decode function (some are lambdas): it must still pickle, and
+    the remembered choice must be the one decode_value makes for every kind of entry."""
+    d = Decoder("rgb8", only="txt cls json.gz npy")
+    sample = {"__key__": "k", "txt": b"hi", "cls": b"3", "json.gz": gzip.compress(b'{"a": 1}'),
+              "npy": _npy(np.arange(3)), "bin": b"\x00raw"}
+    first = d(sample)
+    again = pickle.loads(pickle.dumps(d))(sample)
+    for out in (first, again, d(sample)):
+        assert out["txt"] == "hi" and out["cls"] == 3 and out["json.gz"] == {"a": 1} and out["bin"] == b"\x00raw"
+        assert np.array_equal(out["npy"], np.arange(3)) and out["__key__"] == "k"
+    with pytest.raises(DecodeError, match="'cls'"):
+        d({"__key__": "k", "cls": b"x"})
+
+
+def _npy(a: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, a)
+    return buf.getvalue()

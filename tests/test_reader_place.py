@@ -78,3 +78,26 @@ def test_dict_samples_keep_their_field_order(shards):
     ds = ShardDataset(urls, decode="torchrgb8", batch_size=4, on_error="skip", manifest=False)
     raw = next(iter(ShardDataset(urls, decode=None, batch_size=4, manifest=False)))
     assert list(next(iter(ds))) == list(raw)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_smaller_and_larger_images_after_the_first_of_a_batch(tmp_path, channels_last):
+    """Rows after the first are decoded without reading the JPEG header first (the batch buffer bounds
+    them): a smaller image must not be taken for a placed one, a larger one must not overrun its row."""
+    sizes = [24, 16, 32, 24, 24, 16, 24, 24, 24]
+    decode = Decoder("torchrgb8")
+    expected = {}
+    with ShardWriter(os.path.join(tmp_path, "m-%03d.tar"), maxcount=100) as w:
+        for i, size in enumerate(sizes):
+            s = {"__key__": f"k{i}", "jpg": image(i, size), "cls": b"1"}
+            w.write(s)
+            expected[s["__key__"]] = decode({"jpg": s["jpg"]})["jpg"]
+    ds = ShardDataset(sorted(str(p) for p in tmp_path.glob("m-*.tar")), decode="torchrgb8", batch_size=3,
+                      to_tuple="__key__ jpg", channels_last=channels_last, manifest=False)
+    seen = {}
+    for keys, images in ds:
+        for k, img in zip(keys, images):
+            seen[k] = img
+    assert sorted(seen) == sorted(expected)
+    for k, img in seen.items():
+        assert torch.equal(img, expected[k]), k

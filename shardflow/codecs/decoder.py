@@ -7,8 +7,9 @@ pickled, so worker processes decode exactly as the driver that made it.
 
 from __future__ import annotations
 
+import functools
 import gzip
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from shardflow.codecs.failures import describe_failure
 from shardflow.codecs.images import IMAGE_EXTENSIONS, IMAGE_SPECS, check_spec, decode_image
@@ -22,20 +23,31 @@ def decode_entry(
     ext: str, data: bytes, spec: str, allow_pickle: bool, fast_jpeg: bool, codecs: Mapping[str, DecodeFn]
 ) -> Any:
     """One entry's value: user codec first, then images, plain values, pickling formats; else bytes."""
+    return entry_decoder(ext, spec, allow_pickle, fast_jpeg, codecs)(data)
+
+
+def entry_decoder(
+    ext: str, spec: str, allow_pickle: bool, fast_jpeg: bool, codecs: Mapping[str, DecodeFn]
+) -> Callable[[bytes], Any]:
+    """The function that decodes entries with extension `ext` (decode_entry's choice, made once)."""
     inner, last, gz = split_extension(ext)
-    if gz:
-        data = gzip.decompress(data)
-    user = lookup(codecs, inner, last)
-    if user is not None:
-        return user(data)
-    if last in IMAGE_EXTENSIONS:
-        return decode_image(data, spec, last, fast_jpeg)
-    fn = VALUE_DECODERS.get(last)
-    if fn is not None:
-        return fn(data)
-    pickly = PICKLING_DECODERS.get(last)
-    if pickly is not None:
-        return pickly(data, allow_pickle)
+    fn: Callable[[bytes], Any] | None = lookup(codecs, inner, last)
+    if fn is None and last in IMAGE_EXTENSIONS:
+        fn = functools.partial(decode_image, spec=spec, last=last, fast_jpeg=fast_jpeg)
+    if fn is None:
+        fn = VALUE_DECODERS.get(last)
+    if fn is None and last in PICKLING_DECODERS:
+        fn = functools.partial(PICKLING_DECODERS[last], allow_pickle=allow_pickle)
+    if fn is None:
+        fn = _as_is
+    return functools.partial(_gunzip_then, fn) if gz else fn
+
+
+def _gunzip_then(fn: Callable[[bytes], Any], data: bytes) -> Any:
+    return fn(gzip.decompress(data))
+
+
+def _as_is(data: bytes) -> bytes:
     return data
 
 
@@ -107,14 +119,43 @@ class Decoder:
         spec = self.spec
         if spec is None:
             return dict(sample)
+        routes = self._routes()
         out: dict[str, Any] = {}
         for k, v in sample.items():
-            if k.startswith("__") or not isinstance(v, (bytes, bytearray, memoryview)) or not self.wants(k):
+            fn = routes.get(k, _UNSEEN)
+            if fn is _UNSEEN:
+                fn = self._route(k)
+                if len(routes) < _MAX_ROUTES:
+                    routes[k] = fn
+            if fn is None or not isinstance(v, (bytes, bytearray, memoryview)):
                 out[k] = v
                 continue
             try:
-                out[k] = decode_entry(k, bytes(v), spec, self.allow_pickle, self.fast_jpeg, self.codecs)
+                out[k] = fn(bytes(v))
             except Exception as e:
                 url, key = sample.get("__url__"), sample.get("__key__")
                 raise DecodeError(f"cannot decode {k!r}: {describe_failure(e)}", url=url, key=key) from e
         return out
+
+    def _route(self, k: str) -> Callable[[bytes], Any] | None:
+        """How entries named `k` are decoded (None: kept as they are)."""
+        if k.startswith("__") or not self.wants(k):
+            return None
+        return entry_decoder(k, self.spec, self.allow_pickle, self.fast_jpeg, self.codecs)  # type: ignore[arg-type]
+
+    def _routes(self) -> dict[str, Any]:
+        """Entry name -> its decode function, found once per name (the choice is a few string
+        operations and lookups: per sample and field that showed in the reader's profile)."""
+        routes = self.__dict__.get("_route_cache")
+        if routes is None:
+            routes = self.__dict__["_route_cache"] = {}
+        return routes
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_route_cache", None)  # functions of this process (some are lambdas): made again
+        return state
+
+
+_UNSEEN = object()
+_MAX_ROUTES = 1024  # entry names cached per Decoder; a dataset with more names decides the rest each time

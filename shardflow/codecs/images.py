@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from shardflow.codecs.deflate import check_engine, deflate
+from shardflow.codecs.planes import to_planes
 from shardflow.codecs.tensors import import_torch, is_tensor, tensor_to_numpy
 
 IMAGE_EXTENSIONS = frozenset(
@@ -98,13 +99,17 @@ def jpeg_size(data: Any) -> tuple[int, int] | None:
 
 
 def decode_jpeg_into(data: Any, out: np.ndarray) -> bool:
-    """Decode an RGB JPEG straight into `out` (C-contiguous uint8, jpeg_size + (3,)): no fresh array.
-    False when simplejpeg cannot (CMYK, damage, ...): decode_image then decodes or explains."""
+    """Decode an RGB JPEG straight into `out` (C-contiguous uint8 HWC): no fresh array.
+
+    False when simplejpeg cannot (CMYK, damage, ...) or the image is not exactly `out`'s size (a
+    larger one is refused before anything is written, a smaller one fills the start of `out`):
+    decode_image then decodes or explains. `out` bounds the pixels, so a caller that sized it from
+    an image jpeg_size accepted needs no header check of its own for the next images."""
     try:
-        _simplejpeg().decode_jpeg(data, colorspace="RGB", buffer=out)
+        image = _simplejpeg().decode_jpeg(data, colorspace="RGB", buffer=out)
     except Exception:
         return False
-    return True
+    return image.shape == out.shape
 
 
 def _decode_jpeg_fast(data: bytes) -> np.ndarray | None:
@@ -141,7 +146,7 @@ def decode_image(data: bytes, spec: str, last: str, fast_jpeg: bool) -> Any:
         if not arr.flags.writeable and not as_float and container == "numpy":
             arr = arr.copy()  # Pillow's buffer is read-only; users modify arrays in place
     if container == "torch" and arr.ndim == 3:
-        arr = np.ascontiguousarray(arr.transpose(2, 0, 1))  # a copy (of uint8, so cheap): writable
+        arr = to_planes(arr)  # a copy: writable
     if as_float:
         arr = np.divide(arr, 255, dtype=np.float32)
     elif container == "torch" and not arr.flags.writeable:

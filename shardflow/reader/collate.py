@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from shardflow.codecs.planes import to_planes
 from shardflow.reader.place import PlacedImage
 from shardflow.reader.shm import Ring, shared_empty
 from shardflow.reader.values import HWCImage, RawJpeg, pack_jpegs
@@ -91,7 +92,10 @@ def _placed_batch(values: list[Any], channels_last: bool, field: Any) -> tuple[t
         else:
             fits = isinstance(v, HWCImage) and v.a.dtype == np.uint8 and v.a.shape == (*buffer.hw, 3)
             if fits:
-                pixels[i] = v.a if channels_last else v.a.transpose(2, 0, 1)
+                if channels_last:
+                    pixels[i] = v.a
+                else:
+                    to_planes(v.a, pixels[i])
     if not fits:
         values = [HWCImage(v.hwc()) if isinstance(v, PlacedImage) else v for v in values]
         if not buffer.claimed:
@@ -125,7 +129,7 @@ def _stack_images(
         out = _image_batch(n, (c, h, w), tdtype, shared, ring, field)
         o = out.numpy()
         for i, v in enumerate(values):
-            o[i] = v.a.transpose(2, 0, 1)
+            to_planes(v.a, o[i])
     else:
         out = _image_batch(n, shape, tdtype, shared, ring, field)
         o = out.numpy()

@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from shardflow.codecs.planes import limit_threads
 from shardflow.reader.cache import ShardCache
 from shardflow.reader.collate import collate
 from shardflow.reader.gpu import GpuDecoder
@@ -283,6 +284,8 @@ class ShardDataset(IterableDataset):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 0)
         in_worker = info is not None
+        if in_worker:
+            limit_threads(1)  # torch already runs one thread per DataLoader worker; OpenCV alike
         if self.gpu_decode and in_worker and not self._tagged:
             warn_once("GPU JPEG decode runs in the main process: iterate with shardflow.Loader; "
                       "decoding on CPU in the DataLoader workers instead")

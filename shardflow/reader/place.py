@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from shardflow.codecs.images import decode_jpeg_into, jpeg_size
+from shardflow.codecs.planes import to_planes
 from shardflow.reader.shm import Ring, shared_empty
 
 
@@ -76,6 +77,7 @@ class ImagePlacer:
         self.row = 0  # samples in the batch being built: the row the next one takes (set by the stream)
         self.buffer: BatchBuffer | None = None
         self.scratch: np.ndarray | None = None  # HWC decode target for CHW batches
+        self.sizes_match = True  # no image so far differed in size from its batch's first
 
     def close(self) -> None:
         """The epoch is over: a buffer no batch claimed (its samples dropped) goes back to the ring."""
@@ -89,22 +91,34 @@ class ImagePlacer:
             self.key = key
         elif key != self.key or self.row >= self.batch_size:
             return None
+        row, buffer = self.row, self.buffer
+        if row > 0 and self.sizes_match and buffer is not None and not buffer.claimed:
+            # The batch's buffer bounds the image, so no header is read first (it costs ~1 %).
+            if self._decode(data, buffer, row):
+                return PlacedImage(buffer, row)
+            hw = jpeg_size(data)
+            if hw is not None and hw != buffer.hw:
+                self.sizes_match = False  # images of several sizes: read each header from now on
+            return None
         hw = jpeg_size(data)
         if hw is None:
             return None
         buffer = self._buffer(hw)
         if buffer is None:
             return None
-        row = self.row
+        return PlacedImage(buffer, row) if self._decode(data, buffer, row) else None
+
+    def _decode(self, data: Any, buffer: BatchBuffer, row: int) -> bool:
+        """Decode into row `row` of `buffer`; False (the row may hold part of it) when the JPEG is
+        not an RGB image of the buffer's size that simplejpeg decodes."""
         if self.channels_last:
-            ok = decode_jpeg_into(data, buffer.pixels[row])
-        else:
-            if self.scratch is None or self.scratch.shape[:2] != hw:
-                self.scratch = np.empty((*hw, 3), np.uint8)
-            ok = decode_jpeg_into(data, self.scratch)
-            if ok:
-                buffer.pixels[row] = self.scratch.transpose(2, 0, 1)
-        return PlacedImage(buffer, row) if ok else None
+            return decode_jpeg_into(data, buffer.pixels[row])
+        if self.scratch is None or self.scratch.shape[:2] != buffer.hw:
+            self.scratch = np.empty((*buffer.hw, 3), np.uint8)
+        if not decode_jpeg_into(data, self.scratch):
+            return False
+        to_planes(self.scratch, buffer.pixels[row])
+        return True
 
     def _buffer(self, hw: tuple[int, int]) -> BatchBuffer | None:
         """The buffer of the batch being built; a new one for its first row (or a first image of

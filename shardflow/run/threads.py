@@ -11,6 +11,8 @@ import math
 import os
 import sys
 
+from shardflow.codecs import planes
+
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
@@ -33,7 +35,7 @@ def usable_cpus() -> int:
 
 def limit_threads(threads: int | None = None) -> int:
     """Apply a thread count to this process: OMP/MKL/OpenBLAS variables (for libraries loaded later)
-    and torch when it is already imported. A count the environment already sets wins over `threads`;
+    torch when it is already imported, and OpenCV. A count the environment already sets wins over `threads`;
     returns the count in force."""
     given = os.environ.get("OMP_NUM_THREADS")
     if given and given.isdigit() and int(given) > 0:
@@ -41,6 +43,7 @@ def limit_threads(threads: int | None = None) -> int:
     threads = max(1, int(threads or 1))
     for name in THREAD_VARIABLES:
         os.environ.setdefault(name, str(threads))
+    planes.limit_threads(threads)  # OpenCV (image layout) reads no variable: told directly
     torch = sys.modules.get("torch")
     if torch is not None:
         try:
