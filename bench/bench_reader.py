@@ -308,12 +308,16 @@ def main() -> None:
         summary["epochs"] = {
             "fraction_of_limit": best["shardflow" + ep]["samples_per_s"] / limit,
             "fraction_of_limit_cpu": cpu["limit"] / cpu["shardflow" + ep],
-            "channels_last_fraction_of_limit": best["shardflow-cl" + ep]["samples_per_s"] / limit,
+            "channels_last_fraction_of_hwc_limit":
+                best["shardflow-cl" + ep]["samples_per_s"] / best["limit-hwc"]["samples_per_s"],
             "per_round_median": per_round("shardflow" + ep, "limit"),
             "steady_cpu_us_per_sample": min(r["steady_cpu_us_per_sample"] for r in runs["shardflow" + ep]),
             "steady_cpu_us_per_sample_cl": min(r["steady_cpu_us_per_sample"] for r in runs["shardflow-cl" + ep]),
         }
         summary["epochs"]["steady_fraction_of_limit_cpu"] = cpu["limit"] / summary["epochs"]["steady_cpu_us_per_sample"]
+        # what reading costs on top of decoding, per image: tar, shuffle, batching, IPC, the main process
+        summary["epochs"]["steady_overhead_us"] = summary["epochs"]["steady_cpu_us_per_sample"] - cpu["limit"]
+        summary["epochs"]["steady_overhead_us_cl"] = summary["epochs"]["steady_cpu_us_per_sample_cl"] - cpu["limit-hwc"]
     pr = summary["per_round_median"]
     print(f"\nshardflow: {summary['ratio_vs_webdataset']:.2f}x webdataset, "
           f"{100 * summary['fraction_of_limit']:.1f}% of the decode limit "
@@ -327,10 +331,11 @@ def main() -> None:
         print(f"one Loader over {args.epochs} epochs (what training runs): {100 * e['fraction_of_limit']:.1f}% of the "
               f"decode limit in its best epoch after the first ({100 * e['per_round_median']:.1f}% per-round median; "
               f"{100 * e['fraction_of_limit_cpu']:.1f}% by CPU per image over all epochs, start-up included); "
-              f"channels_last {100 * e['channels_last_fraction_of_limit']:.1f}%")
+              f"channels_last {100 * e['channels_last_fraction_of_hwc_limit']:.1f}% of the HWC decode limit")
         print(f"  its epochs after the first: {e['steady_cpu_us_per_sample']:.0f} us of CPU per image "
               f"({100 * e['steady_fraction_of_limit_cpu']:.1f}% of the limit by CPU), channels_last "
-              f"{e['steady_cpu_us_per_sample_cl']:.0f} us")
+              f"{e['steady_cpu_us_per_sample_cl']:.0f} us; reading costs {e['steady_overhead_us']:.0f} us per image "
+              f"on top of the decode ({e['steady_overhead_us_cl']:.0f} us channels_last, over the HWC decode)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)
