@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
@@ -61,3 +62,48 @@ def test_same_planes_without_opencv():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     a = np.arange(5 * 7 * 3, dtype=np.uint8).reshape(5, 7, 3)
     assert bytes.fromhex(out) == a.transpose(2, 0, 1).tobytes()
+
+
+def _opencv_threads(sample):
+    from shardflow.codecs.planes import _cv2
+
+    to_planes(np.zeros((2, 2, 3), np.uint8))  # loads OpenCV in this worker
+    sample["threads.txt"] = str(_cv2().getNumThreads())
+    return sample
+
+
+def test_pool_workers_run_opencv_on_one_thread(tmp_path):
+    """Worker processes run side by side: like torch, OpenCV gets one thread in each (with the default
+    of all cores it took twice the CPU for the same split)."""
+    import shardflow as sf
+    from shardflow.shards.writer import ShardWriter
+
+    with ShardWriter(str(tmp_path / "in-%02d.tar"), maxcount=1) as w:
+        for i in range(4):
+            w.write({"__key__": f"k{i}", "txt": b"x"})
+    out = tmp_path / "out"
+    sf.ShardJob(_opencv_threads, inputs=str(tmp_path / "in-{00..03}.tar"), outputs=str(out / "{name}.tar"),
+                decode=None).run("processes", workers=2)
+    got = [s["threads.txt"] for p in sorted(out.glob("*.tar")) for s in sf.read_samples(str(p))]
+    assert got == [b"1"] * 4
+
+
+def _threads_field(sample):
+    from shardflow.codecs.planes import _cv2
+
+    to_planes(np.zeros((2, 2, 3), np.uint8))
+    return {"threads": _cv2().getNumThreads()}
+
+
+def test_loader_workers_run_opencv_on_one_thread(tmp_path):
+    """DataLoader workers: torch runs one intra-op thread in each, and so does OpenCV."""
+    pytest.importorskip("torch")
+    import shardflow as sf
+    from shardflow.shards.writer import ShardWriter
+
+    with ShardWriter(str(tmp_path / "in-%02d.tar"), maxcount=2) as w:
+        for i in range(4):
+            w.write({"__key__": f"k{i}", "txt": b"x"})
+    ds = sf.ShardDataset(sorted(str(p) for p in tmp_path.glob("in-*.tar")), decode=None, map=_threads_field,
+                         manifest=False)
+    assert sorted(s["threads"] for s in sf.Loader(ds, num_workers=2)) == [1] * 4

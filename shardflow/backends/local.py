@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import cloudpickle
 
+from shardflow.codecs import planes
 from shardflow.errors import FailureKind
 from shardflow.run.devices import gpu_plan, pin_worker
 from shardflow.run.pids import pid_alive
@@ -54,6 +55,7 @@ def _init_worker(job_bytes: bytes, counts: "multiprocessing.Queue[int]", threads
     if threads:
         for name in _THREAD_VARIABLES:
             os.environ.setdefault(name, str(threads))
+        planes.limit_threads(threads)  # OpenCV reads no variable
     threading.Thread(target=_exit_with_driver, args=(driver or os.getppid(), os.getppid()), daemon=True,
                      name="shardflow-driver-watch").start()
     _worker_job = cloudpickle.loads(job_bytes)
