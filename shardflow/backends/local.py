@@ -55,7 +55,9 @@ def _init_worker(job_bytes: bytes, counts: "multiprocessing.Queue[int]", threads
     if threads:
         for name in _THREAD_VARIABLES:
             os.environ.setdefault(name, str(threads))
-        planes.limit_threads(threads)  # OpenCV reads no variable
+    given = os.environ.get("OMP_NUM_THREADS", "")
+    if threads or given.isdigit():
+        planes.limit_threads(threads or int(given))  # OpenCV reads no variable: the count torch gets
     threading.Thread(target=_exit_with_driver, args=(driver or os.getppid(), os.getppid()), daemon=True,
                      name="shardflow-driver-watch").start()
     _worker_job = cloudpickle.loads(job_bytes)
