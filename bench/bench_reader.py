@@ -47,6 +47,7 @@ import torch  # noqa: E402
 
 import shardflow as sf  # noqa: E402
 from shardflow.codecs import Decoder  # noqa: E402
+from shardflow.codecs.planes import limit_threads  # noqa: E402
 from shardflow.shards.writer import ShardWriter  # noqa: E402
 
 # ------------------------------------------------------------------------------------- data
@@ -193,6 +194,7 @@ _JPEGS: list[bytes] = []
 
 def _decode_part(job: tuple[str, int, int]) -> tuple[float, float]:
     torch.set_num_threads(1)
+    limit_threads(1)  # OpenCV's split on one thread, as in the Loader's workers (fair to the limit)
     spec, lo, hi = job
     decode = Decoder(spec)
     t, c = time.perf_counter(), time.process_time()
