@@ -129,3 +129,33 @@ def test_writeback_hint_is_harmless_where_it_is_refused(tmp_path, monkeypatch):
     out.commit()
     assert len(calls) == 1  # refused once: no more tries for this file
     assert (tmp_path / "o.tar").read_bytes() == piece + piece
+
+
+def test_small_members_reach_the_sink_as_few_pieces_and_large_ones_uncopied():
+    """The sink's hashing thread takes the GIL back after each piece: 60 KB members arrive joined (a
+    few pieces per ~1 MiB batch); members of 256 KiB and up are passed on as the very same objects."""
+    from shardflow.shards.tar_write import TarStreamWriter
+
+    batches: list[list[bytes]] = []
+
+    class Sink:
+        def write_parts(self, parts: list[bytes]) -> None:
+            batches.append(parts)
+
+    rng = np.random.default_rng(3)
+    small = [rng.bytes(60_000) for _ in range(40)]
+    large = [rng.bytes(300_000), rng.bytes(5 << 20)]
+    writer = TarStreamWriter(Sink())  # type: ignore[arg-type]
+    for i, data in enumerate(small + large):
+        writer.add(f"s{i:03d}.bin", data)
+    writer.finish()
+    pieces = [p for batch in batches for p in batch]
+    assert [len(batch) for batch in batches[:2]] == [1, 1]  # ~1 MiB of 60 KB members: one piece each
+    assert sum(any(p is data for p in pieces) for data in large) == len(large)
+    assert not any(p is data for p in pieces for data in small)
+    expected = io.BytesIO()
+    plain = TarStreamWriter(expected)
+    for i, data in enumerate(small + large):
+        plain.add(f"s{i:03d}.bin", data)
+    plain.finish()
+    assert b"".join(pieces) == expected.getvalue()
