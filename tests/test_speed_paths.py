@@ -159,3 +159,22 @@ def test_small_members_reach_the_sink_as_few_pieces_and_large_ones_uncopied():
         plain.add(f"s{i:03d}.bin", data)
     plain.finish()
     assert b"".join(pieces) == expected.getvalue()
+
+
+def test_writes_are_cut_into_system_calls_of_at_most_1_mib(tmp_path):
+    """Large members go to the file in 1 MiB slices (the kernel sizes page-cache folios by the write),
+    small pieces are grouped up to 1 MiB and 1,024 pieces per writev; every byte lands in order."""
+    from shardflow.shards import publish
+
+    rng = np.random.default_rng(4)
+    sizes = [0, 1, 5000, (1 << 20) - 1, 1 << 20, (1 << 20) + 1, 3 << 20, 7, 10_000_000, 12] + [100] * 2000
+    parts = [rng.bytes(n) for n in sizes]
+    groups = publish._write_groups(parts)
+    assert b"".join(b"".join(bytes(p) for p in g) for g in groups) == b"".join(parts)
+    assert all(sum(map(len, g)) <= publish._MAX_WRITE and len(g) <= publish._IOV_MAX for g in groups)
+    assert sum(map(len, groups[0])) == publish._MAX_WRITE  # filled up, not cut at piece boundaries
+    target = tmp_path / "o.bin"
+    out = LocalReplace(str(target))
+    out.write_parts(parts)
+    out.commit()
+    assert target.read_bytes() == b"".join(parts)
