@@ -83,9 +83,11 @@ class AtomicOutput:
 _IOV_MAX = 1024  # POSIX guarantees at least 16; Linux and macOS allow 1024 pieces per writev
 _WRITEBACK_STEP = 8 << 20  # a shard that will be fsynced has its writeback started every this many bytes
 # The most one write system call is given. Linux (6.x, ext4 and others with large folios) sizes the
-# page-cache folios it allocates by the write's length, up to 2 MiB: a 10 MB write took whole 2 MiB
+# page-cache folios it allocates by the write's length, up to 2 MiB: 10 MB writes took whole 2 MiB
 # blocks, whose first touch cost 0.2-2.2 s of system time per GB on the VM measured (0.8 typically),
-# against a steady 0.2-0.3 s in writes of at most 1 MiB. Larger members are written in 1 MiB slices.
+# against 0.2-0.6 (0.2-0.3 typically) in writes of at most 1 MiB. Larger members go in 1 MiB slices.
+# Smaller slices (64-256 KiB) steadied big members no further within the noise, and cost small
+# samples: the writing thread takes the GIL back after each write while the main thread runs Python.
 _MAX_WRITE = 1 << 20
 
 
