@@ -11,6 +11,7 @@ from shardflow.shards.publish import AtomicOutput, open_atomic
 from shardflow.shards.receipt import OneShard, ShardInfo
 from shardflow.shards.records import encode_record, record_format
 from shardflow.shards.sinks import HashingSink
+from shardflow.shards.tar_write import coalesce
 
 BATCH_BYTES = 1 << 20
 
@@ -46,7 +47,7 @@ class RecordWriter(OneShard):
     def _flush_batch(self) -> None:
         if self._batch:
             batch, self._batch, self._batch_bytes = self._batch, [], 0
-            self._sink.write_parts(batch)
+            self._sink.write_parts(coalesce(batch))  # small records joined: few pieces for the hashing thread
 
     def _item(self, members: list[tuple[str, bytes]]) -> bytes:
         if self._pending is not None and self._pending[0] is members:

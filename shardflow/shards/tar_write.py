@@ -3,7 +3,11 @@
 the gzip stage for .tar.gz names (deterministic too: no timestamp in the gzip header).
 
 Members are gathered by reference and handed on in batches of about 1 MiB, so a shard of small
-samples costs few large writes and no copies of large members.
+samples costs few large writes and no copies of large members (256 KiB and up). Smaller ones are
+joined into one piece per run: the sink's hashing thread takes the GIL back after every piece it
+hashes, and while the main thread runs Python that wait is up to the 5 ms switch interval; with 60 KB
+members (~17 pieces a batch) the hashing thread spent half its time waiting (0.33 s wall for 0.16 s
+of sha256 on a 300 MB shard; joined: 0.25 s, the job 1.3x faster for the same CPU).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from zlib import adler32
 from shardflow.shards.tar_headers import BLOCK, ZERO_BLOCK
 
 _FLUSH_AT = 1 << 20  # members are handed to the stream in batches of about this many bytes
-_BIG = 1 << 15  # pieces at least this large are passed on as they are, never copied into a batch
+_BIG = 1 << 18  # pieces at least this large are passed on as they are, never copied into a batch
 _PAX_SIZE = 8**11  # sizes from here on do not fit the 11 octal digits of a ustar size field
 
 # Header bytes 157..512: linkname (empty), magic "ustar\0", version "00", empty owner names,

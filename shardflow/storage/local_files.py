@@ -7,13 +7,16 @@
   opened, like S3 reads are pinned by ETag; a file overwritten in place while it is read fails the
   read with ObjectChangedError instead of yielding a shard that mixes old and new samples. A file
   renamed over (how shardflow and most tools publish) is read to its end in the version opened.
+- `start_writeback(fd, offset, length)`: start writing a range of a file to disk now, without waiting
+  (Linux sync_file_range), so a later fsync finds little left to do.
 """
 
 from __future__ import annotations
 
 import io
 import os
-from typing import Any
+import sys
+from typing import Any, Callable
 
 from shardflow.errors import ShardIOError
 
@@ -51,6 +54,43 @@ def open_write_named(path: str, label: str | None = None, buffering: int = _BUFF
     `exclusive`: "xb", a new file or FileExistsError."""
     raw = _NamedWriteFile(path, label or path, "xb" if exclusive else "wb")
     return io.BufferedWriter(raw, buffer_size=buffering)
+
+
+_SYNC_FILE_RANGE_WRITE = 2  # start writeback of the dirty pages in the range; wait for nothing
+_sync_file_range: Callable[[int, int, int, int], int] | None = None
+_resolved = False
+
+
+def start_writeback(fd: int, offset: int, length: int) -> bool:
+    """Start writing bytes [offset, offset + length) of `fd` to disk, without waiting for them.
+
+    Why: a shard is fsynced on commit; left alone, the kernel starts writeback only when dirty pages
+    pile up (10 % of memory), so the fsync of a 1 GB shard waited ~0.25 s for the disk after the last
+    write. Started as the shard is written, that disk time overlaps the work. A hint only: durability
+    still comes from the fsync (this flag neither waits nor consumes the file's writeback errors).
+    False when the system has no such call or refused it (then the fsync does it all, as before)."""
+    call = _writeback_call()
+    if call is None or length <= 0:
+        return False
+    return call(fd, offset, length, _SYNC_FILE_RANGE_WRITE) == 0
+
+
+def _writeback_call() -> Callable[[int, int, int, int], int] | None:
+    """libc's sync_file_range (Linux only), looked up once per process."""
+    global _sync_file_range, _resolved
+    if not _resolved:
+        _resolved = True
+        if sys.platform.startswith("linux"):
+            try:
+                import ctypes
+
+                call = ctypes.CDLL(None, use_errno=True).sync_file_range
+                call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+                call.restype = ctypes.c_int
+                _sync_file_range = call
+            except (OSError, AttributeError):
+                _sync_file_range = None
+    return _sync_file_range
 
 
 def _pin(st: os.stat_result) -> tuple[int, int, int, int]:
