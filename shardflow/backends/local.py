@@ -55,9 +55,7 @@ def _init_worker(job_bytes: bytes, counts: "multiprocessing.Queue[int]", threads
     if threads:
         for name in _THREAD_VARIABLES:
             os.environ.setdefault(name, str(threads))
-    given = os.environ.get("OMP_NUM_THREADS", "")
-    if threads or given.isdigit():
-        planes.limit_threads(threads or int(given))  # OpenCV reads no variable: the count torch gets
+        planes.limit_threads(threads)  # OpenCV reads no variable: told the count torch gets
     threading.Thread(target=_exit_with_driver, args=(driver or os.getppid(), os.getppid()), daemon=True,
                      name="shardflow-driver-watch").start()
     _worker_job = cloudpickle.loads(job_bytes)
@@ -110,12 +108,17 @@ def _mp_context() -> "multiprocessing.context.BaseContext":
 
 
 def _worker_threads(workers: int) -> int:
-    """Intra-op threads per worker: 1 (0: OMP_NUM_THREADS & co are set, the user decides).
+    """Intra-op threads per worker: 1, or the driver's OMP_NUM_THREADS (passed on explicitly: a fork
+    server started earlier holds an older environment); 0 when only MKL/OpenBLAS's are set (the user
+    decides per library).
 
     Parallelism comes from the workers, one per core. Even with spare cores a second torch/OpenMP
     thread does not pay on per-sample work (ops on one image are too small): measured on 2 cores, one
     worker with 2 threads ran the augment job 3x slower and burned 2.5x the CPU of one with 1 thread.
     """
+    given = os.environ.get("OMP_NUM_THREADS", "")
+    if given.isdigit() and int(given) > 0:
+        return int(given)
     if any(name in os.environ for name in _THREAD_VARIABLES):
         return 0
     return 1
