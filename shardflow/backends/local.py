@@ -22,6 +22,7 @@ from shardflow.run.pids import pid_alive
 from shardflow.run.progress import Progress
 from shardflow.run.run_task import run_task
 from shardflow.run.task import Task, TaskResult
+from shardflow.run.threads import THREAD_VARIABLES
 
 if TYPE_CHECKING:
     from shardflow.run.job import ShardJob
@@ -53,7 +54,7 @@ def _init_worker(job_bytes: bytes, counts: "multiprocessing.Queue[int]", threads
         pin_worker(gpu_slots)  # CUDA_VISIBLE_DEVICES, before anything starts CUDA
     signal.signal(signal.SIGINT, _interrupt_task)
     if threads:
-        for name in _THREAD_VARIABLES:
+        for name in THREAD_VARIABLES:
             os.environ.setdefault(name, str(threads))
         planes.limit_threads(threads)  # OpenCV reads no variable: told the count torch gets
     threading.Thread(target=_exit_with_driver, args=(driver or os.getppid(), os.getppid()), daemon=True,
@@ -63,9 +64,6 @@ def _init_worker(job_bytes: bytes, counts: "multiprocessing.Queue[int]", threads
     torch = sys.modules.get("torch")
     if threads and torch is not None:
         torch.set_num_threads(threads)
-
-
-_THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
 def _exit_with_driver(driver: int, parent: int) -> None:
@@ -119,7 +117,7 @@ def _worker_threads(workers: int) -> int:
     given = os.environ.get("OMP_NUM_THREADS", "")
     if given.isdigit() and int(given) > 0:
         return int(given)
-    if any(name in os.environ for name in _THREAD_VARIABLES):
+    if any(name in os.environ for name in THREAD_VARIABLES):
         return 0
     return 1
 

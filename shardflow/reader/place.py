@@ -5,7 +5,8 @@ worst in VMs) and then a copy into the batch; at that size this is a fifth of th
 So with the default collate and a torch uint8 RGB spec the preparer asks an ImagePlacer to decode
 the batch's main JPEG field into the row its sample will take (samples are batched in order, so
 that row is the number of samples the batch holds so far). Channels-last batches take simplejpeg's
-HWC output as it is; CHW batches decode into one reused HWC scratch array and transpose from there.
+HWC output as it is; CHW batches decode into one reused HWC scratch array, split into the row's
+channel planes from there (codecs.planes).
 The batch tensor is a ring buffer under a Loader (see shm.py). Anything unusual (another size, a
 JPEG simplejpeg refuses, no simplejpeg) is decoded as before, and collate copies it into its row.
 """

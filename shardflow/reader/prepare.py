@@ -57,7 +57,7 @@ class SamplePreparer:
     ) -> None:
         self.decoder = decoders.full
         self.fast = decoders.fast if not gpu_defer else None
-        self.placer = placer if self.fast is not None and decoders.placeable else None
+        self.placer = placer  # made by the dataset only where placing applies (placeable, no GPU decode)
         self.map = map
         self.to_tuple = to_tuple
         self.errors = errors

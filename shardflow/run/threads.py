@@ -34,9 +34,9 @@ def usable_cpus() -> int:
 
 
 def limit_threads(threads: int | None = None) -> int:
-    """Apply a thread count to this process: OMP/MKL/OpenBLAS variables (for libraries loaded later)
-    torch when it is already imported, and OpenCV. A count the environment already sets wins over `threads`;
-    returns the count in force."""
+    """Apply a thread count to this process: the OMP/MKL/OpenBLAS variables (for libraries loaded
+    later), torch when it is already imported, and OpenCV. A count the environment already sets wins
+    over `threads`; returns the count in force."""
     given = os.environ.get("OMP_NUM_THREADS")
     if given and given.isdigit() and int(given) > 0:
         threads = int(given)
