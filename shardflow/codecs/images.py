@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from shardflow.codecs.deflate import check_engine, deflate
+from shardflow.codecs.planes import preload as preload_planes
 from shardflow.codecs.planes import to_planes
 from shardflow.codecs.tensors import import_torch, is_tensor, tensor_to_numpy
 
@@ -73,9 +74,11 @@ def _simplejpeg() -> Any:
 
 
 def preload_decoders() -> None:
-    """Import what image decoding needs (simplejpeg, Pillow and its common plugins) now: done before
-    forking DataLoader workers, each of them starts with it instead of importing it again."""
+    """Import what image decoding needs (simplejpeg, OpenCV's channel split, Pillow and its common
+    plugins) now: done before forking DataLoader workers, each of them starts with it instead of
+    importing it again."""
     _simplejpeg()
+    preload_planes()
     from PIL import Image
 
     Image.preinit()  # the common formats (JPEG, PNG, ...); Image.init() would import every plugin

@@ -33,6 +33,13 @@ def _cv2() -> Any:
     return cv2
 
 
+def preload() -> None:
+    """Load OpenCV now (~15 ms), in a process about to fork DataLoader workers: each of them would
+    otherwise load it on its first image, on the way to its first batch. Importing starts none of
+    OpenCV's worker threads, so the children still set their own count (limit_threads)."""
+    _cv2()
+
+
 def to_planes(hwc: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """`hwc` (H, W, C) as (C, H, W), written into `out` when given (C-contiguous planes)."""
     h, w, c = hwc.shape
