@@ -15,6 +15,7 @@ best and median of --repeat (CPU time: median, all processes involved):
 
     python bench/bench_speed.py --sample-mb 10 --total-mb 1000 --repeat 3
     python bench/bench_speed.py --sample-mb 0.06 --total-mb 500 --repeat 3
+    python bench/bench_speed.py --sample-mb 0.06 --total-mb 300 --shards 4   # the job's 2 processes side by side
 
 Inputs are in the page cache (read once before timing); outputs go to --tmp (default: system temp).
 """
@@ -56,35 +57,45 @@ def make_shard(path: str, sample_bytes: int, total_bytes: int) -> int:
     return n
 
 
-def run_shardflow(src: str, out: str) -> None:
-    sf.ShardJob(identity, inputs=src, outputs=os.path.join(out, "{name}.tar"),
+def _inputs(srcs: list[str]) -> str:
+    """The job's input spec: the one shard, or a brace range over in-000.tar, in-001.tar, ..."""
+    if len(srcs) == 1:
+        return srcs[0]
+    return os.path.join(os.path.dirname(srcs[0]), "in-{%03d..%03d}.tar" % (0, len(srcs) - 1))
+
+
+def run_shardflow(srcs: list[str], out: str) -> None:
+    sf.ShardJob(identity, inputs=_inputs(srcs), outputs=os.path.join(out, "{name}.tar"),
                 run_dir=os.path.join(out, "_run")).run(progress=False)
 
 
-def run_shardflow_serial(src: str, out: str) -> None:  # in this process: its CPU time is counted
-    sf.ShardJob(identity, inputs=src, outputs=os.path.join(out, "{name}.tar"),
+def run_shardflow_serial(srcs: list[str], out: str) -> None:  # in this process: its CPU time is counted
+    sf.ShardJob(identity, inputs=_inputs(srcs), outputs=os.path.join(out, "{name}.tar"),
                 run_dir=os.path.join(out, "_run")).run("serial", progress=False)
 
 
-def run_webdataset(src: str, out: str) -> None:
+def run_webdataset(srcs: list[str], out: str) -> None:
     import webdataset as wds
 
-    with wds.TarWriter(os.path.join(out, "o.tar"), encoder=False) as w:
-        for sample in wds.tarfile_to_samples()([{"url": src}]):
-            w.write({k: v for k, v in sample.items() if k != "__url__"})
+    for i, src in enumerate(srcs):
+        with wds.TarWriter(os.path.join(out, f"o-{i:03d}.tar"), encoder=False) as w:
+            for sample in wds.tarfile_to_samples()([{"url": src}]):
+                w.write({k: v for k, v in sample.items() if k != "__url__"})
 
 
-def run_tarfile(src: str, out: str) -> None:
-    with tarfile.open(src, "r|") as tin, tarfile.open(os.path.join(out, "o.tar"), "w") as tout:
-        for member in tin:
-            tout.addfile(member, tin.extractfile(member))
+def run_tarfile(srcs: list[str], out: str) -> None:
+    for i, src in enumerate(srcs):
+        with tarfile.open(src, "r|") as tin, tarfile.open(os.path.join(out, f"o-{i:03d}.tar"), "w") as tout:
+            for member in tin:
+                tout.addfile(member, tin.extractfile(member))
 
 
-def run_cat(src: str, out: str, fsync: bool = False) -> None:
-    with open(os.path.join(out, "o.tar"), "wb") as dst:
-        subprocess.run(["cat", src], stdout=dst, check=True)
-        if fsync:
-            os.fsync(dst.fileno())
+def run_cat(srcs: list[str], out: str, fsync: bool = False) -> None:
+    for i, src in enumerate(srcs):
+        with open(os.path.join(out, f"o-{i:03d}.tar"), "wb") as dst:
+            subprocess.run(["cat", src], stdout=dst, check=True)
+            if fsync:
+                os.fsync(dst.fileno())
 
 
 METHODS = {
@@ -93,7 +104,7 @@ METHODS = {
     "webdataset": run_webdataset,
     "tarfile": run_tarfile,
     "cat": run_cat,
-    "cat + fsync": lambda src, out: run_cat(src, out, fsync=True),
+    "cat + fsync": lambda srcs, out: run_cat(srcs, out, fsync=True),
 }
 
 
@@ -109,13 +120,16 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--tmp", default=None)
     ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--shards", type=int, default=1,
+                    help="split the input into this many shards (the job's processes then work side by side; "
+                         "the other methods copy them one after another)")
     args = ap.parse_args()
     root = tempfile.mkdtemp(prefix="sf-speed-", dir=args.tmp)
     try:
-        src = os.path.join(root, "in.tar")
-        n = make_shard(src, int(args.sample_mb * 1e6), int(args.total_mb * 1e6))
-        size = os.path.getsize(src)
-        subprocess.run(["cat", src], stdout=subprocess.DEVNULL, check=True)
+        srcs = [os.path.join(root, f"in-{i:03d}.tar") for i in range(args.shards)]
+        n = sum(make_shard(src, int(args.sample_mb * 1e6), int(args.total_mb * 1e6 / args.shards)) for src in srcs)
+        size = sum(os.path.getsize(src) for src in srcs)
+        subprocess.run(["cat", *srcs], stdout=subprocess.DEVNULL, check=True)
         methods = args.methods.split(",")
         times: dict[str, list[tuple[float, float]]] = {m: [] for m in methods}
         for round_ in range(args.repeat):
@@ -130,9 +144,9 @@ def main() -> None:
                 os.makedirs(out)
                 subprocess.run(["sync"], check=True)
                 c0, t0 = cpu(), time.perf_counter()
-                METHODS[name](src, out)
+                METHODS[name](srcs, out)
                 times[name].append((time.perf_counter() - t0, cpu() - c0))
-        print(f"{n} samples of ~{args.sample_mb:g} MB, {size / 1e6:.0f} MB; best / median of {args.repeat}; "
+        print(f"{n} samples of ~{args.sample_mb:g} MB, {size / 1e6:.0f} MB in {len(srcs)} shard(s); best / median of {args.repeat}; "
               f"load {os.getloadavg()[0]:.1f}")
         best = {m: size / min(t for t, _ in ts) / 1e6 for m, ts in times.items()}
         for name, ts in times.items():
