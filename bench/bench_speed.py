@@ -146,8 +146,8 @@ def main() -> None:
                 c0, t0 = cpu(), time.perf_counter()
                 METHODS[name](srcs, out)
                 times[name].append((time.perf_counter() - t0, cpu() - c0))
-        print(f"{n} samples of ~{args.sample_mb:g} MB, {size / 1e6:.0f} MB in {len(srcs)} shard(s); best / median of {args.repeat}; "
-              f"load {os.getloadavg()[0]:.1f}")
+        print(f"{n} samples of ~{args.sample_mb:g} MB, {size / 1e6:.0f} MB in {len(srcs)} shard(s); "
+              f"best / median of {args.repeat}; load {os.getloadavg()[0]:.1f}")
         best = {m: size / min(t for t, _ in ts) / 1e6 for m, ts in times.items()}
         for name, ts in times.items():
             med = statistics.median(t for t, _ in ts)
