@@ -35,8 +35,8 @@ def _cv2() -> Any:
 
 def preload() -> None:
     """Load OpenCV now (~15 ms), in a process about to fork DataLoader workers: each of them would
-    otherwise load it on its first image, on the way to its first batch. Importing starts none of
-    OpenCV's worker threads, so the children still set their own count (limit_threads)."""
+    otherwise load it on its first image, on the way to its first batch. The forked children still
+    run it on the thread count they set (limit_threads; tests/test_planes.py checks both)."""
     _cv2()
 
 
