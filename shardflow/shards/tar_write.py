@@ -163,13 +163,7 @@ class TarStreamWriter:
             written = self._put_piece(self._header(b"././@PaxHeader", len(payload), b"x"), payload, parts)
             encoded = encoded[:100] if encoded.isascii() else b"@LongName"
             size_field = 0 if size >= _PAX_SIZE else size
-        parts.append(self._header(encoded, size_field, b"0"))  # _put_piece written out: once per member
-        if size:
-            parts.append(data)
-        padding = -size % BLOCK
-        if padding:
-            parts.append(_PADDING[padding])
-        return written + BLOCK + size + padding
+        return written + self._put_piece(self._header(encoded, size_field, b"0"), data, parts)
 
     @staticmethod
     def _put_piece(header: bytes, data: bytes, parts: list[bytes]) -> int:
