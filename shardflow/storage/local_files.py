@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import sys
@@ -57,8 +58,6 @@ def open_write_named(path: str, label: str | None = None, buffering: int = _BUFF
 
 
 _SYNC_FILE_RANGE_WRITE = 2  # start writeback of the dirty pages in the range; wait for nothing
-_sync_file_range: Callable[[int, int, int, int], int] | None = None
-_resolved = False
 
 
 def start_writeback(fd: int, offset: int, length: int) -> bool:
@@ -75,22 +74,20 @@ def start_writeback(fd: int, offset: int, length: int) -> bool:
     return call(fd, offset, length, _SYNC_FILE_RANGE_WRITE) == 0
 
 
+@functools.lru_cache(maxsize=None)
 def _writeback_call() -> Callable[[int, int, int, int], int] | None:
     """libc's sync_file_range (Linux only), looked up once per process."""
-    global _sync_file_range, _resolved
-    if not _resolved:
-        _resolved = True
-        if sys.platform.startswith("linux"):
-            try:
-                import ctypes
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
 
-                call = ctypes.CDLL(None, use_errno=True).sync_file_range
-                call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-                call.restype = ctypes.c_int
-                _sync_file_range = call
-            except (OSError, AttributeError):
-                _sync_file_range = None
-    return _sync_file_range
+        call = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    call.restype = ctypes.c_int
+    return call
 
 
 def _pin(st: os.stat_result) -> tuple[int, int, int, int]:
