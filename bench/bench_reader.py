@@ -32,7 +32,6 @@ import io
 import json
 import multiprocessing as mp
 import os
-import resource
 import statistics
 import sys
 import time
@@ -44,6 +43,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 import torch  # noqa: E402
+from cpu_time import descendants_cpu, own_cpu  # noqa: E402
 
 import shardflow as sf  # noqa: E402
 from shardflow.codecs import Decoder  # noqa: E402
@@ -119,34 +119,20 @@ def run_shardflow_epochs(urls, args, channels_last=False):
     loader = sf.Loader(ds, num_workers=args.workers, pin_memory=False)
     walls, cpus, n, first = [], [], 0, None
     for _ in range(args.epochs):
-        t, c = time.perf_counter(), _live_cpu()
+        t, c = time.perf_counter(), _cpu()
         for images, _labels in loader:
             if first is None:
                 first = time.perf_counter() - t0
             assert images.dtype == torch.uint8 and images.shape[1:] == (3, 256, 256), (images.dtype, images.shape)
             n += images.shape[0]
         walls.append(time.perf_counter() - t)
-        cpus.append(_live_cpu() - c)
+        cpus.append(_cpu() - c)
     del loader, images, _labels  # the workers stop and are reaped: their CPU time counts below
     cpu = _cpu() - cpu0
     per_epoch, wall = n // args.epochs, min(walls[1:] or walls)
     return {"samples": per_epoch, "seconds": wall, "samples_per_s": per_epoch / wall, "first_batch_s": first,
             "epoch_seconds": walls, "epoch_cpu_s": cpus, "cpu_s": cpu, "cpu_us_per_sample": 1e6 * cpu / n,
             "steady_cpu_us_per_sample": 1e6 * min(cpus[1:] or cpus) / per_epoch}
-
-
-def _live_cpu() -> float:
-    """CPU seconds of this process and of its live children (persistent workers are not reaped)."""
-    me = resource.getrusage(resource.RUSAGE_SELF)
-    total = me.ru_utime + me.ru_stime
-    for child in mp.active_children():
-        try:
-            with open(f"/proc/{child.pid}/stat") as f:
-                fields = f.read().rpartition(")")[2].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
 
 
 def run_webdataset(urls, args):
@@ -165,9 +151,9 @@ def run_webdataset(urls, args):
 
 
 def _cpu() -> float:
-    """CPU seconds of this process and of its reaped children (the DataLoader workers)."""
-    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    """CPU seconds of this process and of every process it started, reaped (a fresh Loader's
+    workers) or alive (persistent workers between epochs)."""
+    return own_cpu() + descendants_cpu()
 
 
 def consume(loader, t0, gpu, cpu0):
