@@ -12,6 +12,11 @@ best and median of --repeat (CPU time: median, all processes involved):
   tarfile        tarfile.open("r|") -> tarfile.open("w") addfile(member, extractfile) copy
   cat            `cat in > out` (the raw copy limit: no parsing at all)
   cat + fsync    the same with the durability shardflow gives by default
+  copy + sha256  the floor of any copy with shardflow's receipts and durability, tar aside: 1 MiB
+                 reads and writes in this thread, sha256 of each chunk in a second one (hashlib and
+                 the system calls release the GIL), writeback started every 8 MiB and fsync at the
+                 end (as shardflow's local shards)
+  sha256         hashing the input alone, one thread (what a receipt costs by itself)
 
     python bench/bench_speed.py --sample-mb 10 --total-mb 1000 --repeat 3
     python bench/bench_speed.py --sample-mb 0.06 --total-mb 500 --repeat 3
@@ -23,6 +28,7 @@ Inputs are in the page cache (read once before timing); outputs go to --tmp (def
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import random
 import shutil
@@ -32,6 +38,8 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
@@ -41,6 +49,7 @@ from cpu_time import descendants_cpu, own_cpu  # noqa: E402
 
 import shardflow as sf  # noqa: E402
 from shardflow.shards.writer import TarWriter  # noqa: E402
+from shardflow.storage.local_files import start_writeback  # noqa: E402
 
 
 def identity(sample):
@@ -98,6 +107,36 @@ def run_cat(srcs: list[str], out: str, fsync: bool = False) -> None:
                 os.fsync(dst.fileno())
 
 
+def run_copy_sha256(srcs: list[str], out: str) -> None:
+    for i, src in enumerate(srcs):
+        digest = hashlib.sha256()
+        inflight: deque = deque()
+        with ThreadPoolExecutor(1) as hasher, open(src, "rb", buffering=0) as fin, \
+                open(os.path.join(out, f"o-{i:03d}.tar"), "wb", buffering=0) as fout:
+            written = kicked = 0
+            while chunk := fin.read(1 << 20):
+                inflight.append(hasher.submit(digest.update, chunk))  # one thread: hashed in order
+                written += fout.write(chunk)
+                if written - kicked >= 8 << 20:
+                    start_writeback(fout.fileno(), kicked, written - kicked)
+                    kicked = written
+                if len(inflight) > 8:  # at most ~8 MiB waiting for the hash, as shardflow's sink
+                    inflight.popleft().result()
+            for pending in inflight:
+                pending.result()
+            os.fsync(fout.fileno())
+        digest.hexdigest()
+
+
+def run_sha256(srcs: list[str], out: str) -> None:
+    for src in srcs:
+        digest = hashlib.sha256()
+        with open(src, "rb", buffering=0) as fin:
+            while chunk := fin.read(1 << 20):
+                digest.update(chunk)
+        digest.hexdigest()
+
+
 METHODS = {
     "shardflow": run_shardflow,
     "shardflow serial": run_shardflow_serial,
@@ -105,6 +144,8 @@ METHODS = {
     "tarfile": run_tarfile,
     "cat": run_cat,
     "cat + fsync": lambda srcs, out: run_cat(srcs, out, fsync=True),
+    "copy + sha256": run_copy_sha256,
+    "sha256": run_sha256,
 }
 
 
