@@ -101,7 +101,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=6)
     ap.add_argument("--tmp", default=None)
     args = ap.parse_args()
-    root = tempfile.mkdtemp(prefix="sf-raw-bound-", dir=args.tmp)
+    root = tempfile.mkdtemp(prefix="sf-bounds-", dir=args.tmp)
     framed = shard_writer.TarWriter.write_members
     hashed = shard_writer.TarWriter.__init__
     try:
