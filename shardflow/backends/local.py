@@ -15,14 +15,13 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import cloudpickle
 
-from shardflow.codecs import planes
 from shardflow.errors import FailureKind
 from shardflow.run.devices import gpu_plan, pin_worker
 from shardflow.run.pids import pid_alive
 from shardflow.run.progress import Progress
 from shardflow.run.run_task import run_task
 from shardflow.run.task import Task, TaskResult
-from shardflow.run.threads import THREAD_VARIABLES
+from shardflow.run.threads import THREAD_VARIABLES, apply_threads
 
 if TYPE_CHECKING:
     from shardflow.run.job import ShardJob
@@ -54,9 +53,7 @@ def _init_worker(job_bytes: bytes, counts: "multiprocessing.Queue[int]", threads
         pin_worker(gpu_slots)  # CUDA_VISIBLE_DEVICES, before anything starts CUDA
     signal.signal(signal.SIGINT, _interrupt_task)
     if threads:
-        for name in THREAD_VARIABLES:
-            os.environ.setdefault(name, str(threads))
-        planes.limit_threads(threads)  # OpenCV reads no variable: told the count torch gets
+        apply_threads(threads)  # before the job is unpickled: the libraries it imports read the variables
     threading.Thread(target=_exit_with_driver, args=(driver or os.getppid(), os.getppid()), daemon=True,
                      name="shardflow-driver-watch").start()
     _worker_job = cloudpickle.loads(job_bytes)

@@ -41,6 +41,14 @@ def limit_threads(threads: int | None = None) -> int:
     if given and given.isdigit() and int(given) > 0:
         threads = int(given)
     threads = max(1, int(threads or 1))
+    apply_threads(threads)
+    return threads
+
+
+def apply_threads(threads: int) -> None:
+    """Give this process `threads` as decided (no precedence here: the pool's workers get their
+    driver's count, which a fork server's older environment must not override): the OMP/MKL/OpenBLAS
+    variables where unset, OpenCV, and torch when it is already imported."""
     for name in THREAD_VARIABLES:
         os.environ.setdefault(name, str(threads))
     planes.limit_threads(threads)  # OpenCV (image layout) reads no variable: told directly
@@ -50,4 +58,3 @@ def limit_threads(threads: int | None = None) -> int:
             torch.set_num_threads(threads)
         except Exception:  # noqa: BLE001 - an old or stubbed torch: the variables still apply
             pass
-    return threads
