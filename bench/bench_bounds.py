@@ -34,7 +34,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from bench_speed import identity, make_shard  # noqa: E402
+from bench_speed import identity, make_shard, run_cat  # noqa: E402
 
 import shardflow as sf  # noqa: E402
 from shardflow.shards import writer as shard_writer  # noqa: E402
@@ -84,14 +84,15 @@ def run_once(src: str, root: str) -> tuple[float, float, float]:
 
 
 def _cat_seconds(src: str, root: str) -> float:
-    """Wall seconds of `cat src > out` (the raw copy limit)."""
-    out = os.path.join(root, "cat.tar")
-    with open(out, "wb") as dst:
+    """Wall seconds of bench_speed's `cat` of the shard (the raw copy limit)."""
+    out = os.path.join(root, "cat")
+    os.makedirs(out)
+    try:
         t0 = time.perf_counter()
-        subprocess.run(["cat", src], stdout=dst, check=True)
-        seconds = time.perf_counter() - t0
-    os.unlink(out)
-    return seconds
+        run_cat([src], out)
+        return time.perf_counter() - t0
+    finally:
+        shutil.rmtree(out)
 
 
 def main() -> None:
