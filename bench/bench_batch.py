@@ -40,7 +40,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from shardflow.run.demo import write_synthetic_shards  # noqa: E402
+from shardflow.tools.demo import write_synthetic_shards  # noqa: E402
 
 VARIANTS = {
     "augment": (["augment"], {}),

@@ -46,8 +46,8 @@ sys.path.insert(0, str(REPO))
 
 from cpu_time import descendants_cpu, own_cpu  # noqa: E402
 
-from shardflow.run.demo import write_synthetic_shards  # noqa: E402
-from shardflow.run.jobfile import load_job, load_job_file  # noqa: E402
+from shardflow.tools.demo import write_synthetic_shards  # noqa: E402
+from shardflow.job.jobfile import load_job, load_job_file  # noqa: E402
 
 JOB_FILE = REPO / "jobs" / "augment.py"
 

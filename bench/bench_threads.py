@@ -34,7 +34,7 @@ def process(sample):
 
 
 def _plan(root: Path, pods: int, samples: int, size: int) -> str:
-    from shardflow.run.jobfile import load_job
+    from shardflow.job.jobfile import load_job
     from shardflow.shards.writer import TarWriter
 
     (root / "in").mkdir(parents=True)

@@ -4,7 +4,7 @@ number of tasks N grows, on a local run directory and on S3 (SeaweedFS on 127.0.
 For each N a job of N one-sample tasks is planned (`in-{000000..N-1}.tar` -> `out/{name}.tar`) and its
 N completion markers are written directly (running 100k real tasks is not what is measured here), then:
 
-  status (markers)   `shardflow status` (run.status.read_status) before any per-chunk summary exists
+  status (markers)   `shardflow status` (rundir.status.read_status) before any per-chunk summary exists
   resume (no-op)     `job.run("serial")` with nothing left: prepare, one listing of done/, the report
                      (the first one reads the markers and writes the per-chunk summaries)
   status, resume     again, now reading the summaries
@@ -41,11 +41,11 @@ from typing import Any, Callable
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from shardflow.run.job import ShardJob  # noqa: E402
-from shardflow.run.rundir import RunDir, task_name  # noqa: E402
-from shardflow.run.stats import Stats  # noqa: E402
-from shardflow.run.status import read_status  # noqa: E402
-from shardflow.run.summaries import SPAN, block_of, write_block  # noqa: E402
+from shardflow.job.shard_job import ShardJob  # noqa: E402
+from shardflow.rundir.run_dir import RunDir, task_name  # noqa: E402
+from shardflow.rundir.stats import Stats  # noqa: E402
+from shardflow.rundir.status import read_status  # noqa: E402
+from shardflow.rundir.summaries import SPAN, block_of, write_block  # noqa: E402
 from shardflow.shards.writer import TarWriter, remove_stale_temps  # noqa: E402
 
 PYTHON = sys.executable
@@ -239,7 +239,7 @@ def subprocess_rows(n: int, tmp: str) -> list[dict[str, Any]]:
     }
     for label, call in code.items():
         script = (f"import sys,time; sys.path.insert(0,{str(REPO)!r})\n"
-                  "from shardflow.run.job import ShardJob\n"
+                  "from shardflow.job.shard_job import ShardJob\n"
                   f"job=ShardJob(lambda s: s, 's3://b/in-{{0000000..{n - 1:07d}}}.tar', 's3://b/out/{{name}}.tar', "
                   f"run_dir={tmp + '/rd-' + uuid.uuid4().hex[:6]!r})\n"
                   f"t=time.perf_counter(); {call}; w=time.perf_counter()-t\n"

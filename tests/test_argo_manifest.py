@@ -15,7 +15,7 @@ from test_k8s_helpers import argo_expression, make_shards, write_job_file
 from shardflow.cli import main
 from shardflow.cluster.manifests import ClusterOptions, manifest, render_options
 from shardflow.cluster.manifests.argo import FINALIZE_RETRY_EXPRESSION, RETRY_EXPRESSION
-from shardflow.run.jobfile import load_job
+from shardflow.job.jobfile import load_job
 
 
 def workflow_for(**kw) -> dict:

@@ -1,4 +1,4 @@
-"""Batched jobs (run/batch.py): same bytes as per-sample, filters and 1:N, columns, errors per sample."""
+"""Batched jobs (task/batch.py): same bytes as per-sample, filters and 1:N, columns, errors per sample."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from test_job_support import file_bytes, make_shards, spec, tars
 
 import shardflow as sf
 from shardflow.errors import JobError
-from shardflow.run.batch_values import batch_outputs, collate
+from shardflow.task.batch_values import batch_outputs, collate
 from shardflow.shards.samples import read_samples
 
 
@@ -141,7 +141,7 @@ def test_batch_values_units():
 def test_job_file_process_batch_and_batch_size(shards, tmp_path):
     from test_job_support import write_job
 
-    from shardflow.run.jobfile import load_job
+    from shardflow.job.jobfile import load_job
 
     path = write_job(tmp_path, """
         DECODE = "rgb8"

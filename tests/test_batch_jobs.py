@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from test_job_support import file_bytes, make_shards, spec, tars
 
-from shardflow.run.jobfile import load_job
+from shardflow.job.jobfile import load_job
 from shardflow.shards.samples import read_samples
 
 
@@ -91,7 +91,7 @@ def test_augment_batch_crops_like_torchvision_without_importing_it():
     import torch
     from torchvision.transforms.v2 import functional as F
 
-    from shardflow.run.jobfile import load_job_file
+    from shardflow.job.jobfile import load_job_file
 
     job = load_job_file("augment_batch")
     names = [getattr(v, "__name__", "") if isinstance(v, types.ModuleType) else getattr(v, "__module__", "") or ""

@@ -1,4 +1,4 @@
-"""Per-worker setup (run/worker_fn.py): a callable class or a job file's setup() is made once per worker
+"""Per-worker setup (task/worker_fn.py): a callable class or a job file's setup() is made once per worker
 process, on processes, Dask and the pod runner; a failing setup fails fast with one line.
 
 Each construction leaves a file named after its pid in a folder: counting them is counting setups.
@@ -18,7 +18,7 @@ from test_k8s_helpers import shardflow_command
 
 import shardflow as sf
 from shardflow.errors import JobError
-from shardflow.run.jobfile import load_job, load_job_file
+from shardflow.job.jobfile import load_job, load_job_file
 from shardflow.shards.samples import read_samples
 
 JOB_FILE = """
@@ -137,7 +137,7 @@ def test_setup_runs_once_per_pod(shards, tmp_path):
 
 def test_a_failed_construction_is_remembered_per_process():
     """Later tasks on the worker get the same SetupError at once, without constructing again."""
-    from shardflow.run.worker_fn import PerWorker, SetupError, worker_fn
+    from shardflow.task.worker_fn import PerWorker, SetupError, worker_fn
 
     calls = []
 

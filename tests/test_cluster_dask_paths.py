@@ -14,8 +14,8 @@ pytest.importorskip("distributed", reason="dask.distributed is not installed (pi
 from test_k8s_helpers import input_keys, make_shards, output_keys  # noqa: E402
 
 from shardflow.errors import JobError  # noqa: E402
-from shardflow.run.job import ShardJob  # noqa: E402
-from shardflow.run.status import read_status  # noqa: E402
+from shardflow.job.shard_job import ShardJob  # noqa: E402
+from shardflow.rundir.status import read_status  # noqa: E402
 
 
 def copy_sample(sample):
@@ -84,7 +84,7 @@ def test_limit_threads_sets_the_variables_and_torch(tmp_path):
     import subprocess
     import sys
 
-    code = ("import torch, os; from shardflow.run.threads import limit_threads; "
+    code = ("import torch, os; from shardflow.task.threads import limit_threads; "
             "print(limit_threads(3), torch.get_num_threads(), os.environ['MKL_NUM_THREADS'])")
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS",
                                                               "OPENBLAS_NUM_THREADS")}
@@ -97,7 +97,7 @@ def test_limit_threads_sets_the_variables_and_torch(tmp_path):
 
 def test_one_probe_per_input_folder_or_bucket(tmp_path, monkeypatch):
     from shardflow.backends.dask.paths import absolute, absolute_task, input_probes, probe
-    from shardflow.run.task import Task
+    from shardflow.rundir.tasks import Task
 
     monkeypatch.chdir(tmp_path)
     tasks = [Task(i, (f"a/in-{i}.tar", f"s3://bkt/x/in-{i}.tar", "-"), f"out/{i}.tar", f"out/{i}_{{part}}.tar")

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from test_k8s_helpers import input_keys, make_shards, output_keys, shardflow_command, write_job_file
 
 from shardflow.cli import main
-from shardflow.run.rundir import RunDir
+from shardflow.rundir.run_dir import RunDir
 
 
 def test_k8s_without_credentials_is_one_line(tmp_path):

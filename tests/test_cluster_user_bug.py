@@ -9,7 +9,7 @@ import pytest
 from test_k8s_helpers import make_shards
 
 from shardflow.cluster import contract, worker
-from shardflow.run.job import ShardJob
+from shardflow.job.shard_job import ShardJob
 
 
 def broken(sample):
@@ -73,8 +73,8 @@ def test_dask_stops_after_the_first_such_task(dask_cluster, dask_client, tmp_pat
 
 
 def test_the_message_escapes_data_for_the_terminal():
-    from shardflow.run.failures import user_bug
-    from shardflow.run.stats import Stats
+    from shardflow.task.failures import user_bug
+    from shardflow.rundir.stats import Stats
 
     stats = Stats()
     stats.samples_in = stats.failed = 1

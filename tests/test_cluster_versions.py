@@ -12,9 +12,9 @@ from test_k8s_helpers import input_keys, make_shards, output_keys, write_job_fil
 
 import shardflow
 from shardflow.cluster import contract, worker
-from shardflow.run.job import ShardJob
-from shardflow.run.jobfile import load_job
-from shardflow.run.jobrecord import version_mismatch
+from shardflow.job.shard_job import ShardJob
+from shardflow.job.jobfile import load_job
+from shardflow.job.jobrecord import version_mismatch
 
 
 def identity(sample):

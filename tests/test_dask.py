@@ -19,8 +19,8 @@ pytest.importorskip("distributed", reason="dask.distributed is not installed (pi
 import shardflow as sf  # noqa: E402
 from shardflow.backends.dask import execute_dask  # noqa: E402
 from shardflow.errors import JobError  # noqa: E402
-from shardflow.run.jobfile import load_job  # noqa: E402
-from shardflow.run.progress import Progress  # noqa: E402
+from shardflow.job.jobfile import load_job  # noqa: E402
+from shardflow.job.progress import Progress  # noqa: E402
 from shardflow.shards.samples import read_samples  # noqa: E402
 from shardflow.shards.writer import TarWriter  # noqa: E402
 

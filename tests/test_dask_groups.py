@@ -29,7 +29,7 @@ import shardflow as sf  # noqa: E402
 from shardflow.backends.dask import execute_dask, submit  # noqa: E402
 from shardflow.backends.groups import GROUPS_PER_THREAD, GroupSizer  # noqa: E402
 from shardflow.errors import JobError  # noqa: E402
-from shardflow.run.progress import Progress  # noqa: E402
+from shardflow.job.progress import Progress  # noqa: E402
 from shardflow.shards.samples import read_samples  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""Devices (run/devices.py, codecs/gpu.py, backends): GPU slots per worker, the one-line error without
+"""Devices (task/devices.py, codecs/gpu.py, backends): GPU slots per worker, the one-line error without
 CUDA, device="auto" falling back to the CPU, Dask worker resources, nvidia.com/gpu in manifests.
 
 The machine these tests were written on has no GPU: the CUDA tests below are skipped without one
@@ -23,7 +23,7 @@ import shardflow as sf
 from shardflow.cli import main
 from shardflow.codecs.gpu import cuda_available, encode_on_device, make_decoder
 from shardflow.errors import JobError
-from shardflow.run.devices import gpu_plan, visible_gpus
+from shardflow.task.devices import gpu_plan, visible_gpus
 from shardflow.shards.samples import read_samples
 
 needs_cuda = pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU (torch.cuda.is_available())")
@@ -103,7 +103,7 @@ def test_processes_pins_one_gpu_slot_per_worker(tmp_path, monkeypatch):
         def process(sample):
             return {"__key__": sample["__key__"], "txt": os.environ["CUDA_VISIBLE_DEVICES"] + f"@{os.getpid()}"}
     """)
-    from shardflow.run.jobfile import load_job
+    from shardflow.job.jobfile import load_job
 
     job = load_job(path, inputs=spec(tmp_path / "in", "in", 6), outputs=str(tmp_path / "out" / "{name}.tar"))
     assert job.run("processes", gpus_per_worker=1, progress=False).ok

@@ -12,9 +12,9 @@ from test_k8s_helpers import make_shards
 
 import shardflow as sf
 from shardflow.errors import JobError
-from shardflow.run import guard
-from shardflow.run.lazy_plan import table_from_specs
-from shardflow.run.plan_table import TaskTable
+from shardflow.job import guard
+from shardflow.job.lazy_plan import table_from_specs
+from shardflow.rundir.plan_table import TaskTable
 
 
 def _copy(sample):

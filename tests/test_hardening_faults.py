@@ -17,7 +17,7 @@ from hardening_support import serve_directory
 from test_job_support import cli, cli_env, make_shards, spec, write_job
 
 from shardflow.errors import ShardIOError
-from shardflow.run.rundir import RunDir
+from shardflow.rundir.run_dir import RunDir
 from shardflow.shards.samples import read_samples
 from shardflow.shards.writer import TarWriter
 from shardflow.storage.local_files import ObjectChangedError, open_write_named

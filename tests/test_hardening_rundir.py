@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_job_support import cli, cli_popen, make_shards, spec, tars, write_job
 
-from shardflow.run.lease import LEASE_NAME
+from shardflow.rundir.lease import LEASE_NAME
 
 COPY_JOB = """
     import time

@@ -12,7 +12,7 @@ from test_job_support import file_bytes, keys_in, make_shards, spec, tars
 
 import shardflow as sf
 from shardflow.errors import JobError
-from shardflow.run.jobfile import load_job
+from shardflow.job.jobfile import load_job
 from shardflow.shards.samples import read_samples
 
 
@@ -136,6 +136,6 @@ def test_bad_patterns_are_explained(shards, tmp_path):
 
 @pytest.mark.parametrize("suffix", [".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar", ".cbors"])
 def test_name_drops_every_shard_suffix_it_reads(suffix):
-    from shardflow.run.naming import shard_stem
+    from shardflow.job.naming import shard_stem
 
     assert shard_stem(f"s3://b/dir/train-000003{suffix}") == "train-000003"

@@ -10,7 +10,7 @@ import pytest
 from test_job_support import cli_env, keys_in, make_shards, spec, tars, write_job
 
 from shardflow.errors import JobError
-from shardflow.run.jobfile import (
+from shardflow.job.jobfile import (
     builtin_jobs,
     job_options,
     load_job,

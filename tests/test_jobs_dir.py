@@ -17,7 +17,7 @@ from test_job_support import REPO, spec, tars
 
 from shardflow.codecs import Decoder
 from shardflow.errors import JobError
-from shardflow.run.jobfile import BUILTIN_DIR, builtin_jobs, load_job, load_job_file
+from shardflow.job.jobfile import BUILTIN_DIR, builtin_jobs, load_job, load_job_file
 from shardflow.shards.samples import read_samples
 from shardflow.shards.writer import TarWriter
 
@@ -60,7 +60,7 @@ def test_wheel_ships_the_builtin_jobs(tmp_path):
         names = set(zf.namelist())
         zf.extractall(tmp_path / "site")
     assert {f"shardflow/jobs_builtin/{n}.py" for n in NAMES} <= names
-    code = ("from shardflow.run.jobfile import resolve_job_path, job_summary; "
+    code = ("from shardflow.job.jobfile import resolve_job_path, job_summary; "
             "print(resolve_job_path('augment')); print(job_summary('reshard'))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=60,
                           env={"PYTHONPATH": str(tmp_path / "site"), "PATH": "/usr/bin:/bin"})
@@ -94,7 +94,7 @@ def photos(tmp_path_factory):
 
 
 def _run(name, photos, out, *settings, backend="serial"):
-    from shardflow.run.jobfile import parse_overrides
+    from shardflow.job.jobfile import parse_overrides
 
     job = load_job(name, inputs=spec(photos, "in", 2), outputs=str(out / "{name}.tar"),
                    overrides=parse_overrides(settings))
@@ -163,7 +163,7 @@ def test_filter_by_labels_fields_and_image_size(photos, tmp_path):
 
 
 def test_reshard_repacks_without_decoding(photos, tmp_path):
-    from shardflow.run.jobfile import parse_overrides
+    from shardflow.job.jobfile import parse_overrides
 
     job = load_job("reshard", inputs=spec(photos, "in", 2),
                    outputs=str(tmp_path / "out" / "r-{task:02d}-{part:02d}.tar"),

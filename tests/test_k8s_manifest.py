@@ -15,7 +15,7 @@ from test_k8s_helpers import make_shards, write_job_file
 from shardflow.cli import main
 from shardflow.cluster.manifests import ClusterOptions, manifest, render_options
 from shardflow.errors import JobError
-from shardflow.run.jobfile import load_job
+from shardflow.job.jobfile import load_job
 
 # the oldest Kubernetes with everything the Job uses on by default (backoffLimitPerIndex and
 # podReplacementPolicy beta since 1.29), and the newest schema kubernetes-validate ships

@@ -21,7 +21,7 @@ from test_k8s_helpers import (
 )
 
 from shardflow.cli import main
-from shardflow.run.rundir import RunDir
+from shardflow.rundir.run_dir import RunDir
 from shardflow.shards.samples import read_samples
 
 SHARDS, PER_SHARD = 6, 4

@@ -11,7 +11,7 @@ from test_job_support import cli, file_bytes, make_shards, spec, tars, write_job
 
 import shardflow as sf
 from shardflow.errors import JobError
-from shardflow.run.fingerprint import code_fingerprint
+from shardflow.job.fingerprint import code_fingerprint
 from shardflow.shards.samples import read_samples
 
 JOB = """

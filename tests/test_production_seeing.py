@@ -13,8 +13,8 @@ import time
 import pytest
 from test_job_support import cli, cli_env, cli_popen, errors_logged, make_shards, spec, tars, write_job
 
-from shardflow.run.progress import Progress, known_total
-from shardflow.run.task import Task, TaskResult
+from shardflow.job.progress import Progress, known_total
+from shardflow.rundir.tasks import Task, TaskResult
 from shardflow.shards.samples import read_samples
 
 BROKEN_JOB = """

@@ -15,8 +15,8 @@ from pathlib import Path
 import cloudpickle
 
 from shardflow.cluster import worker
-from shardflow.run.demo import write_synthetic_shards
-from shardflow.run.status import read_status
+from shardflow.tools.demo import write_synthetic_shards
+from shardflow.rundir.status import read_status
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "release_0_1_0"
 

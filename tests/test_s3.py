@@ -262,7 +262,7 @@ def _check_outputs_and_secrets(fs, out_prefix, run_dir, secrets):
 
 @pytest.mark.parametrize("backend", ["processes"])
 def test_job_s3_to_s3_killed_and_resumed(s3_server, s3_bucket, tmp_path, backend):
-    pytest.importorskip("shardflow.run.job")
+    pytest.importorskip("shardflow.job.shard_job")
     options = s3_server.storage_options  # literal credentials, as a user passes them
     inputs = _job_inputs(options, f"{s3_bucket}/src")
     spec = {"inputs": inputs, "outputs": f"{s3_bucket}/out/{{name}}-{{part:03d}}.tar",
@@ -276,7 +276,7 @@ def test_job_s3_to_s3_killed_and_resumed(s3_server, s3_bucket, tmp_path, backend
 
 
 def test_job_gs_to_s3_killed_and_resumed(s3_server, s3_bucket, gcs_server, gcs_bucket, tmp_path):
-    pytest.importorskip("shardflow.run.job")
+    pytest.importorskip("shardflow.job.shard_job")
     pytest.importorskip("gcsfs")
     inputs = _job_inputs(gcs_server.storage_options, f"{gcs_bucket}/src")
     # per-prefix options; S3 credentials as ${VAR} references resolved from the worker's environment

@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardflow.errors import JobError
-from shardflow.run.job import ShardJob
-from shardflow.run.plan_store import plan_fingerprint
-from shardflow.run.plan_table import Column, TaskTable, compress
-from shardflow.run.rundir import RunDir
+from shardflow.job.shard_job import ShardJob
+from shardflow.rundir.plan_store import plan_fingerprint
+from shardflow.rundir.plan_table import Column, TaskTable, compress
+from shardflow.rundir.run_dir import RunDir
 from shardflow.storage.specs import count, expand
 
 
@@ -38,7 +38,7 @@ def test_compressed_columns_give_back_every_name(names):
 
 
 # The outputs below are on an S3 bucket that no server holds: prepare(overwrite=True) skips the one guard that
-# lists the output folder (run.guard.check_foreign_shards, tested in test_production_safety.py).
+# lists the output folder (job.guard.check_foreign_shards, tested in test_production_safety.py).
 
 
 def test_a_brace_range_is_one_run_per_column_and_carries_past_its_width():

@@ -16,10 +16,10 @@ from shardflow.cluster import worker
 from shardflow.cluster.manifests.argo import workflow_manifest
 from shardflow.cluster.manifests.common import ClusterOptions
 from shardflow.errors import ShardIOError
-from shardflow.run.job import ShardJob
-from shardflow.run.listing import TEMP_TAG
-from shardflow.run.rundir import RunDir
-from shardflow.run.status import read_status
+from shardflow.job.shard_job import ShardJob
+from shardflow.rundir.listing import TEMP_TAG
+from shardflow.rundir.run_dir import RunDir
+from shardflow.rundir.status import read_status
 from shardflow.shards.publish import open_atomic
 from shardflow.shards.writer import TarWriter, remove_stale_temps
 from shardflow.storage.atomic import is_own_temp, temp_name

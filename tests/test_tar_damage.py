@@ -17,7 +17,7 @@ import pytest
 from tar_corruption import tar_of
 
 from shardflow.errors import FormatError, SampleError, ShardflowError, ShardflowWarning
-from shardflow.run.seeds import stable_seed
+from shardflow.task.seeds import stable_seed
 from shardflow.shards.samples import read_samples
 from shardflow.shards.tar_headers import BLOCK, byte_sum
 from shardflow.shards.tar_read import Member, iter_members

@@ -165,7 +165,7 @@ def test_read_batch_reads_every_kind_of_local_path(tmp_path, monkeypatch):
     import pytest
 
     from shardflow.errors import ShardIOError
-    from shardflow.run.create import PlannedSample, read_batch
+    from shardflow.tools.create import PlannedSample, read_batch
 
     for folder in ("a", "b"):
         (tmp_path / folder).mkdir()
@@ -186,7 +186,7 @@ def test_read_batch_reads_every_kind_of_local_path(tmp_path, monkeypatch):
 
 
 def test_inline_batches_of_big_files_are_cut_short_and_lose_nothing(tmp_path, monkeypatch):
-    from shardflow.run import create
+    from shardflow.tools import create
 
     for i in range(10):
         (tmp_path / f"{i}.bin").write_bytes(bytes([i]) * 1000)

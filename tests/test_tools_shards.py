@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 import shardflow as sf
 from shardflow.cli import main
-from shardflow.run.sort import SortSamples
+from shardflow.tools.sort import SortSamples
 
 
 def run(*args, input=None):

@@ -24,9 +24,9 @@ from click.testing import CliRunner
 
 import shardflow as sf
 from shardflow.cli import main
-from shardflow.run.demo import write_synthetic_shards
-from shardflow.run.shell import ShellCommand
-from shardflow.run.shell_files import member_file_name
+from shardflow.tools.demo import write_synthetic_shards
+from shardflow.job.shell import ShellCommand
+from shardflow.job.shell_files import member_file_name
 
 CONVERT = shutil.which("convert")
 needs_convert = pytest.mark.skipif(CONVERT is None, reason="ImageMagick `convert` is not installed")
@@ -295,7 +295,7 @@ def test_shell_command_pickles_and_rejects_bad_settings():
 
 def test_stable_seed_takes_keys_that_are_not_utf8():
     """A tar name with non-UTF-8 bytes gives a key with surrogates; seeding it used to fail the task."""
-    from shardflow.run.seeds import stable_seed
+    from shardflow.task.seeds import stable_seed
 
     assert stable_seed(0, "\udcff\udcfe") != stable_seed(0, "\udcfe\udcff")
     assert stable_seed(0, "plain") == stable_seed(0, "plain")
@@ -321,7 +321,7 @@ def test_a_task_that_stops_early_kills_the_commands_in_flight(tmp_path):
 
 
 def test_default_tmpdir_prefers_a_roomy_ram_disk_unless_tmpdir_is_set(monkeypatch):
-    from shardflow.run import shell
+    from shardflow.job import shell
 
     monkeypatch.setenv("TMPDIR", "/somewhere")
     assert shell.default_tmpdir() is None  # tempfile then follows $TMPDIR

@@ -25,8 +25,8 @@ from test_k8s_helpers import (
 )
 
 from shardflow.cluster import contract, worker
-from shardflow.run.job import ShardJob
-from shardflow.run.rundir import RunDir
+from shardflow.job.shard_job import ShardJob
+from shardflow.rundir.run_dir import RunDir
 
 
 def identity(sample):
@@ -155,7 +155,7 @@ def test_cli_unreachable_http_run_dir_exit_75(tmp_path):
 
 def plan_file(tmp: Path, shards: int, **overrides) -> tuple[str, Path]:
     """A job planned from a job file: its function travels by value, so a subprocess can load it."""
-    from shardflow.run.jobfile import load_job
+    from shardflow.job.jobfile import load_job
 
     make_shards(tmp / "in", shards, 4)
     out = tmp / "out"

@@ -16,15 +16,15 @@ from typing import TYPE_CHECKING, Any, Iterator
 import cloudpickle
 
 from shardflow.errors import FailureKind
-from shardflow.run.devices import gpu_plan, pin_worker
-from shardflow.run.pids import pid_alive
-from shardflow.run.progress import Progress
-from shardflow.run.run_task import run_task
-from shardflow.run.task import Task, TaskResult
-from shardflow.run.threads import THREAD_VARIABLES, apply_threads
+from shardflow.task.devices import gpu_plan, pin_worker
+from shardflow.rundir.pids import pid_alive
+from shardflow.job.progress import Progress
+from shardflow.task.run_task import run_task
+from shardflow.rundir.tasks import Task, TaskResult
+from shardflow.task.threads import THREAD_VARIABLES, apply_threads
 
 if TYPE_CHECKING:
-    from shardflow.run.job import ShardJob
+    from shardflow.job.shard_job import ShardJob
 
 
 def execute_serial(job: "ShardJob", tasks: list[Task], progress: Progress,
@@ -77,11 +77,11 @@ def _exit_with_driver(driver: int, parent: int) -> None:
 
 # Modules worth importing once in the fork server rather than in every worker, when the driver uses them.
 _PRELOAD = ("numpy", "PIL.Image", "simplejpeg", "fsspec", "torch", "torchvision", "torchvision.transforms.v2",
-            "torchvision.models", "shardflow.run.run_task",
+            "torchvision.models", "shardflow.task.run_task",
             "shardflow.codecs", "shardflow.backends.local")
 # ... and those every task imports in a worker anyway (seeding, temp names, local files, unpickling the
 # job): imported once in the server, not once per worker, i.e. once per job run (issue 16).
-_WORKER_NEEDS = ("numpy.random", "secrets", "fsspec.implementations.local", "shardflow.run.job",
+_WORKER_NEEDS = ("numpy.random", "secrets", "fsspec.implementations.local", "shardflow.job.shard_job",
                  "shardflow.storage.openers")
 
 

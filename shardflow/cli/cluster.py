@@ -59,7 +59,7 @@ def worker_command(run_dir: str, index: int | None, tasks_per_index: int, finali
     options = parse_storage_options(storage_option)
     if prepare_job is not None:
         from shardflow.cluster.prepare import prepare_in_cluster
-        from shardflow.run.jobfile import parse_overrides
+        from shardflow.job.jobfile import parse_overrides
 
         sys.exit(prepare_in_cluster(prepare_job, run_dir, inputs=inputs, outputs=outputs,
                                     overrides=parse_overrides(overrides), storage_options=options, force=force))
@@ -161,7 +161,7 @@ def _render(kind: str, jobfile: str, inputs: str | None, outputs: str | None, ru
             overrides: tuple[str, ...], storage_option: tuple[str, ...], image: str, no_prepare: bool, force: bool,
             **kw: Any) -> None:
     from shardflow.cluster import manifests
-    from shardflow.run.jobfile import load_job, parse_overrides
+    from shardflow.job.jobfile import load_job, parse_overrides
 
     options = parse_storage_options(storage_option)
     try:

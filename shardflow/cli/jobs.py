@@ -69,7 +69,7 @@ def _job_options(fn: Any) -> Any:
 
 def _load(jobfile: str, inputs: str | None, outputs: str | None, settings: tuple[str, ...],
           run_dir: str | None, storage_options: dict[str, Any] | None) -> Any:
-    from shardflow.run.jobfile import load_job, parse_overrides
+    from shardflow.job.jobfile import load_job, parse_overrides
 
     return load_job(jobfile, inputs=inputs, outputs=outputs, overrides=parse_overrides(settings),
                     run_dir=run_dir, storage_options=storage_options)
@@ -80,7 +80,7 @@ def _load(jobfile: str, inputs: str | None, outputs: str | None, settings: tuple
 
 
 def _backend_names() -> list[str]:
-    from shardflow.backends import BACKENDS
+    from shardflow.job.driver import BACKENDS
 
     return list(BACKENDS)
 
@@ -201,9 +201,9 @@ def plan_command(jobfile: str, inputs: str | None, outputs: str | None, settings
     Also says what the run directory already holds: the same plan (and how far it got), a
     different plan (a run would be refused without --force), or nothing yet.
     """
-    from shardflow.run.fingerprint import code_fingerprint
-    from shardflow.run.jobfile import job_from_file, load_job_file, parse_overrides
-    from shardflow.run.rundir import plan_fingerprint
+    from shardflow.job.fingerprint import code_fingerprint
+    from shardflow.job.jobfile import job_from_file, load_job_file, parse_overrides
+    from shardflow.rundir.run_dir import plan_fingerprint
 
     options = parse_storage_options(storage_option)
     with _errors(options):
@@ -274,7 +274,7 @@ def status_command(run_dir: str, nerrors: int, as_json: bool, storage_option: tu
     Tasks done / failed / pending, samples in and out, the sample errors by type and the last
     failures. Works while a run is going on, from any machine that can read the run directory.
     """
-    from shardflow.run.status import read_status
+    from shardflow.rundir.status import read_status
 
     options = parse_storage_options(storage_option)
     run_options = so.options_for(run_dir, options) if options else None
@@ -296,7 +296,7 @@ def status_command(run_dir: str, nerrors: int, as_json: bool, storage_option: tu
 @click.command("jobs")
 def jobs_command() -> None:
     """List the built-in jobs (`shardflow run NAME`), with the file each one loads."""
-    from shardflow.run.jobfile import builtin_jobs, job_summary
+    from shardflow.job.jobfile import builtin_jobs, job_summary
 
     for name, path in builtin_jobs().items():
         try:
@@ -323,7 +323,7 @@ def demo_command(directory: str, samples: int, shards: int, workers: int | None)
     jobs/augment.py (decode, flip, noise, png + cls) with the local processes backend into
     DIR/augmented, prints the report and reads a few results back.
     """
-    from shardflow.run.demo import run_demo
+    from shardflow.tools.demo import run_demo
 
     with _errors():
         report = run_demo(directory, samples=samples, workers=workers, shards=shards, echo=click.echo)

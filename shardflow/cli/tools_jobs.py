@@ -12,9 +12,9 @@ from typing import Any
 import click
 
 from shardflow.cli.tools_common import backend_options, expand_all, job_kwargs, run_tool_job
-from shardflow.run.sort import DEFAULT_MEMORY, SortSamples, passthrough
+from shardflow.tools.sort import DEFAULT_MEMORY, SortSamples, passthrough
 
-# run.job (and numpy, through the seeds) is imported when a job is built, not for every `shardflow` command
+# job.shard_job (and numpy, through the seeds) is imported when a job is built, not for every `shardflow` command
 
 _OUTPUT_PATTERN = click.option(
     "--output", "-o", "output", required=True, metavar="PATTERN",
@@ -47,7 +47,7 @@ def split_command(spec: tuple[str, ...], output: str, maxcount: int | None, maxs
     if maxcount is None and maxsize is None:
         raise click.UsageError("give --maxcount N and/or --maxsize BYTES")
     def make() -> Any:
-        from shardflow.run.job import ShardJob
+        from shardflow.job.shard_job import ShardJob
 
         return ShardJob(passthrough, list(spec), output, maxcount=maxcount, maxsize=maxsize, name="split",
                         **job_kwargs(kw))
@@ -84,7 +84,7 @@ def cat_command(spec: tuple[str, ...], output: str | None, keys: tuple[str, ...]
         raise click.UsageError("--key/--ext select what to print; they do not apply with -o")
 
     def make() -> Any:
-        from shardflow.run.job import ShardJob
+        from shardflow.job.shard_job import ShardJob
 
         urls = expand_all(spec, job_kwargs(kw)["storage_options"])
         if not urls:
@@ -133,7 +133,7 @@ def sort_command(spec: tuple[str, ...], output: str, by: str, reverse: bool, mem
     fn = SortSamples(by, memory=memory, reverse=reverse, tmpdir=tmpdir)
     params = {"sort_by": by, "reverse": reverse}
     def make() -> Any:
-        from shardflow.run.job import ShardJob
+        from shardflow.job.shard_job import ShardJob
 
         return ShardJob(fn, list(spec), output, name="sort", params=params, **job_kwargs(kw))
 
@@ -167,7 +167,7 @@ def map_command(spec: tuple[str, ...], output: str, command: str, parallel: int,
       shardflow map demo.tar -o 'small/{name}.tar' -p 4 -c 'convert *.jpg -resize 64x64 small.png && rm *.jpg'
       shardflow map 'data/*.tar' -o 'out/{name}.tar' -c 'gm mogrify -resize 256x256 *.jpg'
     """
-    from shardflow.run.shell import ShellJob
+    from shardflow.job.shell import ShellJob
 
     variables = {}
     for item in env:

@@ -70,7 +70,7 @@ def create_command(source: str, output: str, recipe: bool, maxcount: int, maxsiz
       shardflow create photos/ -o 'shards/photos-{part:06d}.tar' --maxcount 10000
       printf 'a/001.txt text:hello\\na/001.jpg s3://b/x.jpg\\n' | shardflow create - -o one.tar
     """
-    from shardflow.run.create import group_samples, plan_directory, plan_recipe, plan_remote_tree, write_shards
+    from shardflow.tools.create import group_samples, plan_directory, plan_recipe, plan_remote_tree, write_shards
 
     options = parse_storage_options(storage_option)
     with one_line_errors(options, catch=(JobError,)):

@@ -25,7 +25,7 @@ from shardflow.cli.tools_common import (
     storage_option,
 )
 from shardflow.errors import ShardflowError
-from shardflow.run.fields import FieldError, field_value
+from shardflow.tools.fields import FieldError, field_value
 from shardflow.shards.publish import open_atomic
 from shardflow.shards.samples import read_samples
 from shardflow.storage import options as so

@@ -1,7 +1,7 @@
 """Seeing and trying: `shardflow preview`, the production flags of `shardflow run`, `status --watch`.
 
 - `run_flags`: the options `shardflow run` adds for production use: --debug, --limit/--limit-tasks,
-  --overwrite, --redo, --resume-anyway, --heartbeat (see run.guard, run.trial, run.progress).
+  --overwrite, --redo, --resume-anyway, --heartbeat (see job.guard, job.trial, job.progress).
 - `preview JOB --inputs SPEC -n 3`: process() on the first samples, in this process, printing what it
   returns (keys, types, shapes, encoded sizes); `--sheet out.png` draws the images as a contact sheet.
   Nothing is written but the sheet.
@@ -17,7 +17,7 @@ from typing import Any, Callable
 import click
 
 from shardflow.cli.common import EXIT_ERROR, EXIT_OK, one_line_errors, parse_storage_options, storage_option_flag
-from shardflow.run.progress import DEFAULT_HEARTBEAT_S
+from shardflow.job.progress import DEFAULT_HEARTBEAT_S
 
 
 def register(group: click.Group) -> None:
@@ -77,8 +77,8 @@ def preview_command(jobfile: str, inputs: str | None, count: int, settings: tupl
     \b
       shardflow preview augment --inputs 'data/train-*.tar' -n 3 --sheet preview.png
     """
-    from shardflow.run.jobfile import load_job, parse_overrides
-    from shardflow.run.preview import describe, preview_samples, write_sheet
+    from shardflow.job.jobfile import load_job, parse_overrides
+    from shardflow.tools.preview import describe, preview_samples, write_sheet
 
     options = parse_storage_options(storage_option)
     with one_line_errors(options, exit_code=EXIT_ERROR, catch=(TypeError,)):

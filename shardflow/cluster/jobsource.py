@@ -1,6 +1,6 @@
 """The job a pod runs: rebuilt from the job file's recorded source, or unpickled after a version check.
 
-`run.jobrecord` writes job.json beside job.pkl. A job that came from a job file is rebuilt here from
+`job.jobrecord` writes job.json beside job.pkl. A job that came from a job file is rebuilt here from
 the file's source and settings (no pickle: the submitter's Python and packages do not matter); any
 other job is unpickled, but only when the Python, cloudpickle and shardflow versions that wrote it
 match this image's, because a mismatched pickle can crash inside the user's function (exit 139 on
@@ -19,8 +19,8 @@ import cloudpickle
 
 from shardflow.cluster.contract import EXIT_RETRY, EXIT_STOP, WorkerExit
 from shardflow.errors import JobError
-from shardflow.run.jobrecord import RECORD, version_mismatch
-from shardflow.run.rundir import RunDir
+from shardflow.job.jobrecord import RECORD, version_mismatch
+from shardflow.rundir.run_dir import RunDir
 
 
 def _read(run_dir: RunDir, name: str) -> bytes | None:
@@ -46,8 +46,8 @@ def read_record(run_dir: RunDir) -> dict[str, Any] | None:
 
 def rebuild_from_source(job_file: dict[str, Any], where: str) -> Any:
     """The ShardJob of a recorded job file: its source run as a fresh module, its recorded settings."""
-    from shardflow.run.job import ShardJob
-    from shardflow.run.jobfile import load_job_file
+    from shardflow.job.shard_job import ShardJob
+    from shardflow.job.jobfile import load_job_file
 
     folder = Path(tempfile.mkdtemp(prefix="shardflow-job-"))
     path = folder / Path(str(job_file.get("name") or "job.py")).name

@@ -61,7 +61,7 @@ def prepare_in_cluster(jobfile: str, run_dir: str, *, inputs: str | None, output
     0 written (or already there, the same plan); 78 the job does not load or the run directory holds a
     different plan (fix and resubmit); 75 the run directory is unreachable (retry).
     """
-    from shardflow.run.jobfile import load_job
+    from shardflow.job.jobfile import load_job
 
     out, err = out or sys.stdout, err or sys.stderr
     try:

@@ -30,12 +30,12 @@ from shardflow.cluster.contract import (
 )
 from shardflow.cluster.heartbeat import ChunkHeartbeat
 from shardflow.errors import JobError
-from shardflow.run.report import RunReport, build_report
-from shardflow.run.run_task import run_task
-from shardflow.run.rundir import RunDir, task_name
-from shardflow.run.summaries import block_of, write_block
-from shardflow.run.task import TaskResult
-from shardflow.run.threads import limit_threads
+from shardflow.rundir.report import RunReport, build_report
+from shardflow.task.run_task import run_task
+from shardflow.rundir.run_dir import RunDir, task_name
+from shardflow.rundir.summaries import block_of, write_block
+from shardflow.rundir.tasks import TaskResult
+from shardflow.task.threads import limit_threads
 from shardflow.storage import options as so
 
 

@@ -2,5 +2,5 @@
 
 The files here are byte-identical copies of the repository's `jobs/` (the source; edit those and
 copy: `cp jobs/*.py shardflow/jobs_builtin/`; tests/test_jobs_dir.py fails when they drift). They are
-job files, loaded by `shardflow.run.jobfile`, not modules to import.
+job files, loaded by `shardflow.job.jobfile`, not modules to import.
 """

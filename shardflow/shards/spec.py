@@ -13,7 +13,7 @@
 
 Every problem is a SpecError naming the file and line: an unknown field (with the closest valid
 one), a missing or circular include, a weight or repeat <= 0, a collection without shards, a rewrite
-rule that loops on one of its URLs. Readers (reader.mix) and jobs (run.job) take the collections;
+rule that loops on one of its URLs. Readers (reader.mix) and jobs (job.shard_job) take the collections;
 this module only loads and checks them and applies a collection's view (extensions, rename) to a sample.
 """
 

@@ -16,11 +16,11 @@ from shardflow.backends.dask.waiting import wait_for_workers
 from shardflow.backends.dask.wire import missing_module_message
 from shardflow.backends.groups import GroupSizer
 from shardflow.errors import JobError
-from shardflow.run.progress import Progress
-from shardflow.run.task import Task, TaskResult
+from shardflow.job.progress import Progress
+from shardflow.rundir.tasks import Task, TaskResult
 
 if TYPE_CHECKING:
-    from shardflow.run.job import ShardJob
+    from shardflow.job.shard_job import ShardJob
 
 def _connect(address: str | None, client: Any, workers: int | None, threads_per_worker: int,
              dashboard_address: str | None, connect_timeout: float) -> tuple[Any, Any, str]:
@@ -126,7 +126,7 @@ def _absolute_run_dir(job: "ShardJob") -> "ShardJob":
     url = absolute(job.run_dir)
     if url == job.run_dir:
         return job
-    from shardflow.run.rundir import RunDir
+    from shardflow.rundir.run_dir import RunDir
 
     job = copy.copy(job)
     job.bind_run_dir(RunDir(url, job.options_for(url)))

@@ -18,9 +18,9 @@ import cloudpickle
 from shardflow.backends.dask.paths import probe
 from shardflow.backends.dask.wire import missing_module_message
 from shardflow.errors import FailureKind
-from shardflow.run.run_task import run_task
-from shardflow.run.task import Task, TaskResult
-from shardflow.run.threads import limit_threads, usable_cpus
+from shardflow.task.run_task import run_task
+from shardflow.rundir.tasks import Task, TaskResult
+from shardflow.task.threads import limit_threads, usable_cpus
 
 
 class _MissingModule(BaseException):

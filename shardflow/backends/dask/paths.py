@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from shardflow.run.task import Task
+from shardflow.rundir.tasks import Task
 from shardflow.storage.paths import is_local, local_path, protocol
 
 MAX_PROBES = 16  # distinct input places checked per worker

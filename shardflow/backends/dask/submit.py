@@ -18,11 +18,11 @@ from shardflow.backends.dask.on_worker import run_on_worker
 from shardflow.backends.dask.wire import dumps_job, missing_module_message
 from shardflow.backends.groups import GroupSizer
 from shardflow.errors import FailureKind, JobError
-from shardflow.run.progress import Progress
-from shardflow.run.task import Task, TaskResult
+from shardflow.job.progress import Progress
+from shardflow.rundir.tasks import Task, TaskResult
 
 if TYPE_CHECKING:
-    from shardflow.run.job import ShardJob
+    from shardflow.job.shard_job import ShardJob
 
 _DONE, _EVENT = "done", "event"
 _STATUS_POLL_S = 1.0  # how often the client checks the scheduler connection while nothing happens

@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 
 if TYPE_CHECKING:
-    from shardflow.run.job import ShardJob
+    from shardflow.job.shard_job import ShardJob
 
 
 def _by_value_modules(fn: Any) -> list[types.ModuleType]:
     """Modules that must travel by value with `fn`: loaded from a file no worker can import by name.
 
     cloudpickle already sends functions of `__main__` (and of modules missing from sys.modules) by
-    value, and job files loaded by `shardflow.run.jobfile` register themselves by value. What is left is
+    value, and job files loaded by `shardflow.job.jobfile` register themselves by value. What is left is
     a module imported some other way (importlib from a path, a notebook helper): if no sys.path
     entry provides it, a worker could not import it either, so it goes by value too.
     """

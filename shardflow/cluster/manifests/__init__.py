@@ -13,7 +13,7 @@ from shardflow.cluster.manifests.common import MAX_FANOUT, ClusterOptions, dump,
 from shardflow.errors import JobError
 
 if TYPE_CHECKING:
-    from shardflow.run.job import ShardJob
+    from shardflow.job.shard_job import ShardJob
 
 # kind -> (module, function building the manifest dict from ClusterOptions), imported on first use
 KIND_BUILDERS = {

@@ -22,7 +22,7 @@ from shardflow.errors import JobError
 from shardflow.storage import options as so
 
 if TYPE_CHECKING:
-    from shardflow.run.job import ShardJob
+    from shardflow.job.shard_job import ShardJob
 
 CONTAINER = "worker"
 UID = 10001  # the image's non-root user (docker/Dockerfile)

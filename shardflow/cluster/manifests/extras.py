@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import yaml
 
 from shardflow.errors import JobError
-from shardflow.run.threads import THREAD_VARIABLES, cpu_threads
+from shardflow.task.threads import THREAD_VARIABLES, cpu_threads
 from shardflow.storage.paths import is_local, local_path
 
 if TYPE_CHECKING:
-    from shardflow.run.job import ShardJob
+    from shardflow.job.shard_job import ShardJob
 
 ClusterOptions = Any  # common.ClusterOptions, which imports this module
 
@@ -43,12 +43,12 @@ def unique_suffix(length: int = 5) -> str:
 
 def run_fingerprint(job: "ShardJob") -> str:
     """The label value naming what a run computes: 16 hex digits over the job's code fingerprint
-    (run.fingerprint), the settings that shape the outputs and the input/output specs as written.
+    (job.fingerprint), the settings that shape the outputs and the input/output specs as written.
     Computed from the specs, not the tasks: a million-task job is labelled without planning it."""
     import hashlib
     import json
 
-    from shardflow.run.fingerprint import code_fingerprint
+    from shardflow.job.fingerprint import code_fingerprint
     from shardflow.storage.options import redact_urls_deep
 
     what = {"code": code_fingerprint(job)["fingerprint"], "settings": job.settings(),

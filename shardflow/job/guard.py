@@ -1,0 +1,217 @@
+"""Safe outputs: checks `ShardJob.prepare()` makes before a run writes anything.
+
+- Outputs that resolve to an input are refused (a run in place would destroy its inputs, and the
+  samples that failed would be gone for good).
+- An output directory holding shards that no run of this job wrote (not its planned output names,
+  not its inputs) is refused unless `overwrite=True` (`--overwrite`).
+- A rerun whose code (job file, function, PARAMS: `job.fingerprint`) differs from the code recorded
+  in plan.json is refused unless `redo=True` (`--redo`: every task again, into fresh outputs) or
+  `resume_anyway=True` (`--resume-anyway`: keep the finished tasks, run the rest with the new code).
+- The default run directory: `_shardflow` beside the outputs when it is free or holds this job's
+  plan, else `_shardflow-<job>-<hash>` (job.fingerprint.default_run_dir_name), so two jobs writing
+  into one output directory keep their progress apart.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import string
+from typing import Any, Callable, Iterable
+
+from shardflow.errors import JobError
+from shardflow.job.fingerprint import code_difference, code_fingerprint, default_run_dir_name
+from shardflow.rundir.plan_table import TaskTable
+from shardflow.rundir.run_dir import RunDir
+from shardflow.rundir.tasks import Task
+from shardflow.storage.atomic import is_temp_name
+from shardflow.storage.paths import filesystem, is_local, join, local_path, protocol
+
+SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+MAX_DIRS_LISTED = 64  # output directories looked into (a pattern with {task} in the folder has many)
+
+
+def _canonical(url: str) -> str:
+    """One spelling per location: local paths resolved (symlinks, `..`, file://), remote URLs as given."""
+    head, _, base = url.rpartition("/")
+    if is_local(url):
+        return _local_folder(head if "/" in url else ".") + "/" + base
+    proto, _, rest = url.partition("://")
+    return f"{proto}://{rest.lstrip('/')}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _local_folder(path: str) -> str:
+    """A local folder resolved once (a plan of 100,000 tasks has a few folders, not 100,000)."""
+    return "file://" + os.path.realpath(os.path.expanduser(local_path(path or "/")))
+
+
+def _parts_key(output_parts: str) -> tuple[str, str]:
+    """A task's rollover part format string (`d/x_{part:03d}.tar`) as (the canonical URL up to its first
+    field, the canonical format string), compiled to a regex only when a shard needs checking."""
+    head, _, base = output_parts.rpartition("/")
+    directory = _canonical(head.replace("{{", "{").replace("}}", "}") + "/x")[:-1]
+    literal = next(iter(string.Formatter().parse(base)), ("", None, None, None))[0]
+    return directory + literal, directory + base
+
+
+@functools.lru_cache(maxsize=1024)
+def _parts_regex(canonical_parts: str) -> re.Pattern[str]:
+    head, _, base = canonical_parts.rpartition("/")
+    regex = "".join(re.escape(lit) + (r"\d+" if field is not None else "")
+                    for lit, field, _, _ in string.Formatter().parse(base))
+    return re.compile(re.escape(head + "/") + regex)
+
+
+def check_not_in_place(tasks: list[Task]) -> None:
+    """Refuse outputs (or their rollover parts) that resolve to any input shard."""
+    inputs = {_canonical(u): u for t in tasks for u in t.inputs}
+    for task in tasks:
+        for name in (task.output, task.part_url(1)):
+            found = inputs.get(_canonical(name))
+            if found is not None:
+                raise JobError(f"output {name} of task {task.id} is the input shard {found}: a run in place "
+                               "would destroy its inputs; write the outputs somewhere else")
+
+
+def _planned(tasks: Iterable[Task]) -> tuple[set[str], dict[str, list[str]]]:
+    names: set[str] = set()
+    patterns: dict[str, list[str]] = {}
+    for task in tasks:
+        names.add(_canonical(task.output))
+        prefix, parts = _parts_key(task.output_parts)
+        patterns.setdefault(prefix, []).append(parts)
+    return names, patterns
+
+
+def _ours(url: str, names: set[str], patterns: dict[str, list[str]]) -> bool:
+    if url in names:
+        return True
+    return any(_parts_regex(p).fullmatch(url) for end in range(len(url), 0, -1) for p in patterns.get(url[:end], ()))
+
+
+def _existing_shards(directory: str, options: dict[str, Any] | None) -> list[str]:
+    """Canonical URLs of the (final, non-temp) shards in `directory`; empty when it does not exist."""
+    fs, path = filesystem(directory, options)
+    try:
+        entries = fs.ls(path, detail=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    out = []
+    for entry in entries:
+        base = entry.rstrip("/").rsplit("/", 1)[-1]
+        if base.endswith(SHARD_SUFFIXES) and not base.startswith(".") and not is_temp_name(base):
+            url = entry if is_local(directory) else f"{protocol(directory)}://{entry.split('://', 1)[-1]}"
+            out.append(_canonical(url))
+    return out
+
+
+def check_foreign_shards(job: Any, tasks: list[Task] | Callable[[], list[Task]], run_dir: RunDir, *,
+                         directories: list[str] | None = None) -> None:
+    """Refuse output directories holding shards that are neither this job's outputs nor its inputs.
+
+    "This job's outputs" are, once its run directory holds a plan, the names the plan gives (part 0 and
+    rollover parts) and those of the plan there (a rerun with fewer inputs does not make the old outputs
+    foreign). Before a first run nothing is: a shard already under a planned name was written by
+    someone else (another job, or a run whose run directory is gone).
+    """
+    plan = run_dir.read_json("plan.json") if run_dir.exists("plan.json") else None
+    if plan is not None and plan.get("overwrite"):
+        return  # an earlier run of this run directory was told to write there anyway
+    if directories is None:
+        tasks = tasks() if callable(tasks) else tasks
+        directories = sorted({t.output.rpartition("/")[0] or "." for t in tasks})
+    existing = [(d, url) for d in directories[:MAX_DIRS_LISTED] for url in _existing_shards(d, job.options_for(d))]
+    if not existing:  # a first run into empty folders (a million tasks from a table: no task is made)
+        return
+    tasks = tasks() if callable(tasks) else tasks
+    # a run of this job started here: the names its plan gives are its own (any plan version)
+    # before a first run nothing is (a shard under a planned name was written by someone else)
+    known = list(tasks) + list(run_dir.load_tasks(plan, range(run_dir.task_count(plan)))) if plan else []
+    names, patterns = _planned(known)
+    inputs = {_canonical(u) for t in tasks for u in t.inputs}
+    for directory, url in existing:
+        if url not in inputs and not _ours(url, names, patterns):
+            raise JobError(f"output directory {directory} holds shards this job did not write (e.g. "
+                           f"{url.rsplit('/', 1)[-1]}): they could be another dataset; choose another "
+                           "output directory, or pass --overwrite (overwrite=True) to write there anyway")
+
+
+def check_table(job: Any, table: dict[str, Any], run_dir: RunDir, *, overwrite: bool = False) -> None:
+    """The checks above for a plan given as a table (rundir.plan_table): decided from the folders its
+    columns name, so a million-task plan whose outputs go to other folders than its inputs, into empty
+    folders, is checked without making one Task. Otherwise the tasks are made (once) and checked."""
+    made: list[list[Task]] = []
+
+    def tasks() -> list[Task]:
+        if not made:
+            made.append(list(TaskTable(table).tasks(range(int(table["count"])))))
+        return made[0]
+
+    inputs, outputs, parts = (_table_folders(table[c]) for c in ("inputs", "outputs", "output_parts"))
+    if inputs is None or outputs is None or parts is None or (
+            {_canonical_folder(f) for f in inputs} & {_canonical_folder(f) for f in outputs | parts}):
+        check_not_in_place(tasks())  # inputs and outputs may share a folder: compare every name
+    if not overwrite:
+        check_foreign_shards(job, tasks, run_dir, directories=None if outputs is None else sorted(outputs))
+
+
+def _table_folders(runs: list[dict[str, Any]]) -> set[str] | None:
+    """The folders a table column's names are in (None when a run's number is in a folder name)."""
+    folders: set[str] = set()
+    for run in runs:
+        if "l" not in run and "/" in run["s"]:
+            return None
+        for name in run["l"] if "l" in run else [f"{run['p']}0{run['s']}"]:
+            folders.add(name.replace("{{", "{").replace("}}", "}").rpartition("/")[0] or ".")
+    return folders
+
+
+def _canonical_folder(folder: str) -> str:
+    return _canonical(folder + "/x").rpartition("/")[0]
+
+
+def check_code(job: Any, run_dir: RunDir, *, redo: bool = False, resume_anyway: bool = False,
+               overwrite: bool = False) -> dict[str, Any]:
+    """After the plan is written: refuse a run directory planned with other code unless told what to do.
+
+    `redo`: forget every finished task (they rerun and rewrite their outputs); `resume_anyway`: keep them.
+    Either way plan.json then records the new code. `overwrite` is recorded too (reruns do not ask again).
+    """
+    code = code_fingerprint(job)
+    plan = run_dir.read_json("plan.json")
+    old = plan.get("code")
+    if old is not None and old.get("fingerprint") == code["fingerprint"]:
+        if overwrite and not plan.get("overwrite"):
+            run_dir.write_json("plan.json", {**plan, "overwrite": True})
+        return code
+    if old is not None and not (redo or resume_anyway):
+        raise JobError(f"the job's code differs from the code that planned run directory {run_dir.url} "
+                       f"({code_difference(old, code)}): pass --redo (redo=True) to run every task again into "
+                       "fresh outputs, or --resume-anyway (resume_anyway=True) to keep the finished tasks")
+    if redo:
+        run_dir.reset()
+    recorded = {**plan, "code": code, **({"overwrite": True} if overwrite else {})}
+    run_dir.write_json("plan.json", recorded)  # old plans (no "code" key) adopt the current code
+    return code
+
+
+def default_run_dir(job: Any, head: str) -> str:
+    """`head/_shardflow` when free or holding this job's plan, else `head/_shardflow-<job>-<hash>`.
+
+    Storage that cannot be looked at here (no credentials where only the cluster writes the bucket:
+    `k8s --no-prepare`) gives `_shardflow`, the name every earlier release used.
+    """
+    own = join(head, default_run_dir_name(job))
+    shared = join(head, "_shardflow")
+    try:
+        if RunDir(own, job.options_for(own)).exists("plan.json"):
+            return own
+        rundir = RunDir(shared, job.options_for(shared))
+        if not rundir.exists("plan.json"):
+            return shared
+        name = rundir.read_json("plan.json").get("job", {}).get("name")
+    except Exception:  # noqa: BLE001 - unreachable or unreadable: the classic name, decided without looking
+        return shared
+    return shared if name == job.name else own

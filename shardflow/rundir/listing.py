@@ -1,0 +1,129 @@
+"""Reading a run directory at scale: one listing per folder, batched reads, exact temp cleanup.
+
+Everything here costs O(listing) requests, never a request or a cache scan per task: a folder is
+listed once (paginated by the store, 1,000 keys a request on S3) and not kept in the filesystem's
+listing cache, and files are fetched concurrently in batches (object stores) or opened directly
+(local). RunDir uses these; nothing else needs to know how.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable, Iterator
+
+from shardflow.storage.atomic import is_own_temp
+from shardflow.storage.paths import fs_protocols
+
+TEMP_TAG = "sfrun"  # the tag in run-directory temp names: `.<name>.tmp-sfrun-<12 hex>`
+SUMMARIES = "summaries"  # per-chunk summaries (rundir.summaries)
+OWN_FOLDERS = ("", "done", "failed", "errors", SUMMARIES, "plan")  # every folder a run directory writes
+READ_BATCH = 1_000  # files fetched concurrently at a time from object stores
+
+
+def task_name(task_id: int) -> str:
+    """The file stem of task `task_id` in done/, failed/, errors/: 000017."""
+    return f"{task_id:06d}"
+
+
+def list_folder(fs: Any, path: str, *, local: bool) -> list[str]:
+    """Sorted visible base names in `path` (empty when it does not exist), uncached."""
+    if local:
+        try:
+            with os.scandir(path) as entries:
+                return sorted(e.name for e in entries if not e.name.startswith("."))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+    fs.invalidate_cache(path)  # a listing cached earlier in this process may be stale
+    try:
+        entries = fs.ls(path, detail=False)
+    except FileNotFoundError:
+        return []
+    finally:
+        fs.invalidate_cache(path)  # and N cached entries would be scanned before every later read
+    own = path.rstrip("/")  # some stores list an emptied folder as itself
+    names = (e.rstrip("/").rsplit("/", 1)[-1] for e in entries if e.rstrip("/") != own)
+    return sorted(n for n in names if n and not n.startswith("."))
+
+
+def iter_files(fs: Any, paths: list[str], *, local: bool, parse: bool = True) -> Iterator[Any]:
+    """Contents of `paths` in order (parsed JSON, or text); None for a file gone meanwhile."""
+    if not paths:
+        return
+    if local:
+        for path in paths:
+            yield _decode(_read_local(path), parse)
+        return
+    for start in range(0, len(paths), READ_BATCH):
+        batch = paths[start : start + READ_BATCH]
+        found = {fs._strip_protocol(k): v for k, v in fs.cat(batch, on_error="omit", **cat_options(fs)).items()}
+        for path in batch:
+            yield _decode(found.get(fs._strip_protocol(path)), parse)
+
+
+def cat_options(fs: Any) -> dict[str, Any]:
+    """Keyword arguments for reading a small file in one request: s3fs would first HEAD every file to
+    decide whether to fetch it in parallel ranges (two requests per marker)."""
+    return {"max_concurrency": 1} if "s3" in fs_protocols(fs) else {}
+
+
+def read_files(fs: Any, paths: list[str], *, local: bool, parse: bool = True) -> list[Any]:
+    return list(iter_files(fs, paths, local=local, parse=parse))
+
+
+def _read_local(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def _decode(data: bytes | None, parse: bool) -> Any:
+    if data is None:
+        return None
+    return json.loads(data) if parse else data.decode()
+
+
+def remove_own_temps(root: str, folders: tuple[str, ...], tag: str) -> int:
+    """Delete `.<name>.tmp-<tag>-<12 hex>` files (exactly that form) directly in `root`/`folders`."""
+    removed = 0
+    for folder in folders:
+        try:
+            with os.scandir(os.path.join(root, folder) if folder else root) as entries:
+                stale = [e.path for e in entries if is_own_temp(e.name, tag) and e.is_file(follow_symlinks=False)]
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for path in stale:
+            try:
+                os.unlink(path)
+                removed += 1
+            except FileNotFoundError:
+                pass
+    return removed
+
+
+class KnownNames:
+    """What this process knows is in a few run-dir folders: each listed once, then kept up to date with
+    this process's own writes. Lets a task skip the DELETE of a failure record or an error log that
+    does not exist (two requests per task on object stores). A record another process wrote after the
+    listing may then stay beside a done marker: readers let the done marker win."""
+
+    def __init__(self, lister: Callable[[str], list[str]]) -> None:
+        self._lister = lister
+        self._folders: dict[str, set[str]] = {}
+
+    def may_exist(self, name: str) -> bool:
+        folder, _, base = name.rpartition("/")
+        if folder not in self._folders:
+            self._folders[folder] = set(self._lister(folder))
+        return base in self._folders[folder]
+
+    def add(self, name: str) -> None:
+        folder, _, base = name.rpartition("/")
+        if folder in self._folders:
+            self._folders[folder].add(base)
+
+    def discard(self, name: str) -> None:
+        folder, _, base = name.rpartition("/")
+        self._folders.get(folder, set()).discard(base)

@@ -1,0 +1,115 @@
+"""How a plan is stored in the run directory, so that a pod reads O(its tasks) bytes of it.
+
+Version 2 (this release): `plan.json` holds the job description, the settings, the fingerprint, the
+task count and, when the names follow a numbering (brace ranges, `{name}`/`{task}` patterns), the
+compact task table (rundir.plan_table: a few hundred bytes at any N). When they do not (a glob of
+arbitrary names), the table would be as big as the task list, so the tasks go to
+`plan/chunk-000123.json` files of PLAN_CHUNK tasks each instead, written before plan.json. Version 1
+(0.1.0) kept every task in plan.json; it is still read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
+
+from shardflow.rundir.plan_table import TaskTable, as_json
+from shardflow.rundir.tasks import Task
+from shardflow.storage.options import redact_urls_deep
+
+if TYPE_CHECKING:
+    from shardflow.rundir.run_dir import RunDir
+
+PLAN_VERSION = 2
+PLAN_CHUNK = 1_000  # tasks per plan/chunk-NNNNNN.json
+COMPACT_LIMIT = 64 * 1024  # bytes of table kept in plan.json; beyond that, chunk files
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+def plan_fingerprint(tasks: Iterable[Task | dict[str, Any]], settings: dict[str, Any] | None = None) -> str:
+    """Stable digest of the task list (and of the job settings that shape the outputs, when given):
+    a rerun into the same run dir must plan the same tasks with the same settings.
+
+    The digest of `json.dumps({"settings": ..., "tasks": [...]}, sort_keys=True)` (as 0.1.0 wrote it),
+    hashed task by task so that a million tasks never make one 200 MB string."""
+    digest = hashlib.sha256()
+    # as written down: no URL password, not even hashed (redact_urls_deep leaves other strings as they are)
+    digest.update(b"[" if settings is None else f'{{"settings":{_dumps(redact_urls_deep(settings))},"tasks":['.encode())
+    for i, task in enumerate(tasks):
+        text = _dumps(as_json(task))
+        if "@" in text:  # only a URL with userinfo changes when redacted
+            text = _dumps(redact_urls_deep(as_json(task)))
+        digest.update(((',' if i else '') + text).encode())
+    digest.update(b"]" if settings is None else b"]}")
+    return digest.hexdigest()
+
+
+def plan_tasks(plan: dict[str, Any]) -> Iterable[Task | dict[str, Any]]:
+    """The tasks of a plan about to be stored: its "tasks", or made one at a time from its "table"."""
+    if "tasks" in plan:
+        return plan["tasks"]
+    table = TaskTable(plan["table"])
+    return table.tasks(range(table.count))
+
+
+def chunk_name(chunk: int) -> str:
+    return f"plan/chunk-{chunk:06d}.json"
+
+
+def store_plan(run_dir: "RunDir", plan: dict[str, Any], fingerprint: str) -> None:
+    """Write `plan` (its "tasks": Task objects or their JSON, or its "table": job.lazy_plan) in the version-2
+    layout: chunk files first, plan.json last. Tasks become JSON one at a time, never all at once."""
+    table: dict[str, Any] | None = plan.get("table")
+    tasks = plan["tasks"] if table is None else []
+    stored = {k: v for k, v in plan.items() if k not in ("tasks", "table")}
+    stored.update(version=PLAN_VERSION, fingerprint=fingerprint, plan_chunk=PLAN_CHUNK,
+                  task_count=len(tasks) if table is None else int(table["count"]))
+    if table is None:
+        try:
+            table = TaskTable.encode(tasks)
+        except ValueError:
+            table = None
+    if table is not None and len(_dumps(table)) > COMPACT_LIMIT:
+        tasks = tasks or list(plan_tasks(plan))  # a table from the specs, too big to keep: chunk files
+        table = None
+    if table is None:
+        for start in range(0, len(tasks), PLAN_CHUNK):
+            chunk = [redact_urls_deep(as_json(t)) for t in tasks[start : start + PLAN_CHUNK]]  # no URL passwords
+            run_dir.write_bytes(chunk_name(start // PLAN_CHUNK), _dumps(chunk).encode())
+    stored["table"] = table
+    run_dir.write_json("plan.json", stored)
+
+
+def task_count(plan: dict[str, Any]) -> int:
+    """How many tasks a stored plan has (any version)."""
+    return int(plan["task_count"]) if "task_count" in plan else len(plan.get("tasks", []))
+
+
+def load_tasks(run_dir: "RunDir", plan: dict[str, Any], ids: Iterable[int]) -> Iterator[Task]:
+    """The tasks `ids` of a stored plan, reading only what they need (any version)."""
+    if "task_count" not in plan:  # version 1: every task in plan.json
+        tasks = plan.get("tasks", [])
+        return (Task.from_json(tasks[i]) for i in ids)
+    if plan.get("table") is not None:
+        return TaskTable(plan["table"]).tasks(ids)
+    return _from_chunks(run_dir, plan, ids)
+
+
+def _from_chunks(run_dir: "RunDir", plan: dict[str, Any], ids: Iterable[int]) -> Iterator[Task]:
+    per = int(plan.get("plan_chunk", PLAN_CHUNK))
+    loaded: dict[int, list[dict[str, Any]]] = {}
+    for task_id in ids:
+        chunk = task_id // per
+        if chunk not in loaded:
+            loaded.clear()  # ids come in order: one chunk file in memory at a time
+            loaded[chunk] = run_dir.read_json(chunk_name(chunk))
+        yield Task.from_json(loaded[chunk][task_id - chunk * per])
+
+
+def task_jsons(run_dir: "RunDir", plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every task of a stored plan as JSON, in order (for the refusal message of a different plan)."""
+    return (t.to_json() for t in load_tasks(run_dir, plan, range(task_count(plan))))

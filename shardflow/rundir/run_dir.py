@@ -1,0 +1,250 @@
+"""The run directory: the one place that says what a run is and how far it got.
+
+Layout (a local path or any fsspec URL; default `<directory of the outputs>/_shardflow`):
+
+    plan.json              the tasks, written once up front, with a fingerprint
+    job.pkl                the job (cloudpickle), so Dask workers and pods can rebuild it
+    job.json               versions that wrote job.pkl, and a job file's source (job.jobrecord)
+    done/000017.json       completion marker of task 17: outputs + stats; written LAST
+    failed/000017.json     why task 17 failed last time (removed when it later succeeds)
+    errors/000017.jsonl    one line per dropped/failed sample of task 17
+    summary.json           the merged report of the last run (shards list used by the reader)
+
+Every file is written atomically (temp + rename locally, a single PUT on object stores), so a
+crash never leaves a truncated JSON that breaks resume.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any, Iterable, Iterator
+
+import cloudpickle
+
+from shardflow.errors import JobError, ShardIOError
+from shardflow.job.jobrecord import RECORD, job_record
+from shardflow.rundir.listing import (
+    OWN_FOLDERS,
+    SUMMARIES,
+    TEMP_TAG,
+    KnownNames,
+    cat_options,
+    list_folder,
+    read_files,
+    remove_own_temps,
+    task_name,
+)
+from shardflow.rundir.plan_store import (  # noqa: F401 - PLAN_VERSION, plan_fingerprint: public names here
+    PLAN_VERSION,
+    load_tasks,
+    plan_fingerprint,
+    plan_tasks,
+    store_plan,
+    task_count,
+    task_jsons,
+)
+from shardflow.rundir.plan_table import as_json
+from shardflow.rundir.summaries import summary_ranges
+from shardflow.rundir.tasks import Task, TaskResult
+from shardflow.storage.atomic import write_local_atomic
+from shardflow.storage.options import redact, redact_urls_deep, strip_redacted
+from shardflow.storage.paths import filesystem, is_local
+from shardflow.storage.retrying_fs import RetryingFileSystem
+
+
+def _plan_difference(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """What differs between two plans, in a few words for the refusal message."""
+    old_tasks, new_tasks = old["tasks"], new.get("tasks", [])  # old: its tasks loaded (plan_store.task_jsons)
+    if old_tasks != new_tasks:
+        if len(old_tasks) != len(new_tasks):
+            return f"{len(old_tasks)} tasks there, {len(new_tasks)} now"
+        first = next(i for i, (a, b) in enumerate(zip(old_tasks, new_tasks)) if a != b)
+        return f"task {first} differs (inputs or output names)"
+    old_set, new_set = old.get("settings") or {}, new.get("settings") or {}
+    changed = []
+    for key in sorted(set(old_set) | set(new_set)):
+        a, b = old_set.get(key), new_set.get(key)
+        if a != b:
+            if isinstance(a, dict) and isinstance(b, dict):
+                changed.extend(f"{key}.{k} {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
+                               if a.get(k) != b.get(k))
+            else:
+                changed.append(f"{key} {a!r} -> {b!r}")
+    return "same tasks, other job settings: " + ", ".join(changed[:5]) if changed else "other job settings"
+
+
+class RunDir:
+    """Reads and writes the files of one run directory."""
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.storage_options = storage_options
+        self.fs, self.path = filesystem(self.url, storage_options)
+        self._local = is_local(self.url)
+        if not self._local:  # the same retry policy as shard I/O; "lost the store, rerun" past it
+            self.fs = RetryingFileSystem(self.fs, self.url)
+        self._known = None if self._local else KnownNames(self.list_names)  # local deletes cost no request
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_known": None}  # what one process knew is not another's: relisted there
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if not self._local:
+            self._known = KnownNames(self.list_names)
+
+    def _path(self, name: str) -> str:
+        return f"{self.path}/{name}"
+
+    # -- raw files --------------------------------------------------------------------------
+    def write_bytes(self, name: str, data: bytes) -> None:
+        """Write a file so that readers see the old content or the new, never a mix."""
+        path = self._path(name)
+        if self._local:
+            write_local_atomic(path, data, tag=TEMP_TAG)
+        else:
+            self.fs.pipe_file(path, data)  # one PUT: object stores publish it whole or not at all
+            if self._known is not None:
+                self._known.add(name)
+
+    def read_bytes(self, name: str) -> bytes:
+        return self.fs.cat_file(self._path(name), **cat_options(self.fs))
+
+    def write_json(self, name: str, obj: Any) -> None:
+        self.write_bytes(name, json.dumps(redact_urls_deep(obj), indent=1, sort_keys=True).encode())
+
+    def read_json(self, name: str) -> Any:
+        return json.loads(self.read_bytes(name))
+
+    def exists(self, name: str) -> bool:
+        return self.fs.exists(self._path(name))
+
+    def remove(self, name: str) -> None:
+        if self._known is not None:
+            self._known.discard(name)
+        try:
+            self.fs.rm(self._path(name))
+        except FileNotFoundError:
+            pass
+
+    def remove_if_present(self, name: str) -> None:
+        """remove(name), with no request when this process's listing of the folder says it is absent."""
+        if self._known is None or self._known.may_exist(name):
+            self.remove(name)
+
+    def list_names(self, folder: str) -> list[str]:
+        """Base names in `folder`: one (paginated) listing, empty when it does not exist.
+
+        The listing is not kept in the filesystem's cache: s3fs scans a cached listing linearly before
+        each later read of a file in it, so N markers read after listing cost O(N^2)."""
+        return list_folder(self.fs, self._path(folder), local=self._local)
+
+    def read_many(self, names: list[str], *, parse: bool = True) -> list[Any]:
+        """Several files, in order (fetched concurrently on object stores); None for one that is gone."""
+        return read_files(self.fs, [self._path(n) for n in names], local=self._local, parse=parse)
+
+    # -- plan ----------------------------------------------------------------------------------
+    def init_plan(self, plan: dict[str, Any], *, force: bool = False) -> None:
+        """Write the plan once; refuse a different plan unless forced (then start over). plan["tasks"]: Task
+        objects (what prepare() passes: no second copy of a million tasks as dicts) or their JSON; or, instead
+        of "tasks", "table": the TaskTable data (job.lazy_plan), from which tasks are made one at a time."""
+        fingerprint = plan_fingerprint(plan_tasks(plan), plan.get("settings"))
+        if self.exists("plan.json"):
+            old = self.read_json("plan.json")
+            if old.get("fingerprint") == fingerprint:
+                return
+            if not force:
+                old = {**old, "tasks": list(task_jsons(self, old))}
+                plan = {**plan, "tasks": [as_json(t) for t in plan_tasks(plan)]}
+                raise JobError(
+                    f"run directory {self.url} holds a different plan ({_plan_difference(old, plan)}); "
+                    "use another run_dir, or force=True (--force) to discard its progress and start over"
+                )
+            self.reset()
+        store_plan(self, plan, fingerprint)  # plan.json (+ plan/chunk-*.json when names follow no numbering)
+
+    def task_count(self, plan: dict[str, Any]) -> int:
+        """How many tasks the stored `plan` (from load_plan) has."""
+        return task_count(plan)
+
+    def load_tasks(self, plan: dict[str, Any], ids: Iterable[int]) -> Iterator[Task]:
+        """The tasks `ids` (in order) of the stored `plan`, reading O(len(ids)) bytes of the run directory."""
+        return load_tasks(self, plan, ids)
+
+    def remove_stale_temps(self) -> int:
+        """Delete the temps a killed writer of this run directory left (local run dirs only: object stores
+        get single PUTs). Only shardflow's own exact temp form with the run directory's tag, and only in
+        the folders it writes (another program's `.db.tmp-journal` beside them is left alone). Call it
+        where one driver owns the run dir (job.prepare), not from workers."""
+        return remove_own_temps(self.path, OWN_FOLDERS, TEMP_TAG) if self._local else 0
+
+    def reset(self) -> None:
+        """Forget all progress (markers, failures, error logs, summaries)."""
+        for folder in ("done", "failed", "errors", SUMMARIES, "plan"):
+            for name in self.list_names(folder):
+                self.remove(f"{folder}/{name}")
+        self.remove("summary.json")
+
+    def load_plan(self) -> dict[str, Any]:
+        try:
+            return self.read_json("plan.json")
+        except FileNotFoundError as exc:
+            raise JobError(f"no plan.json in run directory {self.url}: plan or run the job first") from exc
+
+    def save_job(self, job: Any) -> None:
+        """Store the job for workers and pods, without secrets.
+
+        Secret storage options (keys, tokens, passwords) are left out: whoever loads the job takes
+        credentials from its own environment or from `${VAR}` references, never from this file.
+        """
+        stored = copy.copy(job)
+        stored.storage_options = strip_redacted(redact(job.storage_options))
+        stored.inputs, stored.outputs = redact(job.inputs), redact(job.outputs)  # URL passwords: memory only
+        self.write_bytes("job.pkl", cloudpickle.dumps(stored))
+        self.write_json(RECORD, job_record(stored))  # versions (checked before unpickling), job-file source
+
+    # -- task state ----------------------------------------------------------------------------
+    def done_ids(self) -> set[int]:
+        """Ids of the done tasks. When the per-chunk summaries cover the whole plan, their names say it
+        (one short listing, no listing of done/: at 100k tasks on S3 that is 100 pages of XML to parse);
+        otherwise one listing of done/."""
+        covered = summary_ranges(self.list_names(SUMMARIES))
+        if covered and self.exists("plan.json"):
+            tasks = task_count(self.read_json("plan.json"))
+            if sum(stop - first for first, stop in covered if stop <= tasks) == tasks:
+                return set(range(tasks))
+        return {int(n.split(".")[0]) for n in self.list_names("done") if n.endswith(".json")}
+
+    def failed_ids(self) -> set[int]:
+        return {int(n.split(".")[0]) for n in self.list_names("failed") if n.endswith(".json")}
+
+    def is_done(self, task_id: int) -> bool:
+        return self.exists(f"done/{task_name(task_id)}.json")
+
+    def read_done(self, task_id: int) -> dict[str, Any]:
+        return self.read_json(f"done/{task_name(task_id)}.json")
+
+    def mark_done(self, task_id: int, record: dict[str, Any]) -> None:
+        self.write_json(f"done/{task_name(task_id)}.json", record)
+        self.remove_if_present(f"failed/{task_name(task_id)}.json")
+
+    def mark_failed(self, task_id: int, record: dict[str, Any]) -> None:
+        self.write_json(f"failed/{task_name(task_id)}.json", record)
+
+    def record_failure(self, task: Task, error: str, kind: str, *, attempts: int = 1) -> TaskResult:
+        """Write why `task` failed (failed/NNNNNN.json) and return the failed TaskResult."""
+        try:
+            self.mark_failed(task.id, {"task": task.id, "error": error, "kind": str(kind), "inputs": list(task.inputs)})
+        except OSError as exc:  # a full disk beside the outputs: say which task, why, and which file
+            raise ShardIOError(f"task {task.id} failed ({error}) and its failure record could not be written "
+                               f"either: {type(exc).__name__}: {exc}") from exc
+        return TaskResult.failed(task.id, error, kind, attempts)
+
+    def write_errors(self, task_id: int, records: Iterable[dict[str, Any]]) -> None:
+        lines = "".join(json.dumps(redact_urls_deep(r), sort_keys=True) + "\n" for r in records)
+        name = f"errors/{task_name(task_id)}.jsonl"
+        if lines:
+            self.write_bytes(name, lines.encode())
+        else:
+            self.remove_if_present(name)

@@ -1,0 +1,1 @@
+"""One task: `run_task` and what it needs (processing, batching, failures, seeds, devices, threads)."""

@@ -1,0 +1,148 @@
+"""The error policy of run_task, in one place: count, log and judge the samples a task loses.
+
+`on_error="raise"` stops the task at the first bad sample; otherwise each one is logged (shard, key,
+stage, reason) for errors/NNNNNN.jsonl, and the task fails only when too many samples failed
+(`max_failure_rate`), naming the most common failure with an example key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import sys
+import sysconfig
+import traceback
+from collections import Counter
+from typing import Any
+
+from shardflow.errors import RAISE, WARN, FailureKind, ShardflowError
+from shardflow.rundir.stats import Stats
+from shardflow.rundir.tracebacks import TRACES_PER_DIGEST, format_trace
+from shardflow.storage.paths import is_local, local_path
+from shardflow.text import redact_userinfo, safe, safe_repr, truncate
+
+
+class TaskFailed(Exception):
+    """Ends a task's attempt with a recorded failure of `kind` (not retried as I/O trouble is)."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class SampleFailures:
+    """The lost samples of one task: counted in `stats`, listed in `errors`, judged by the policy."""
+
+    def __init__(self, task_id: int, stats: Stats, on_error: str, max_failure_rate: float, *,
+                 debug: bool = False) -> None:
+        self.task_id = task_id
+        self.stats = stats
+        self.on_error = on_error
+        self.max_failure_rate = max_failure_rate
+        self.debug = debug  # --debug: the first failure raises the original exception, traceback intact
+        self.errors: list[dict[str, Any]] = []
+        self.traces: Counter = Counter()  # digest -> full tracebacks kept so far
+        self.last_error: BaseException | None = None  # for where a repeated bug is (user_bug)
+
+    def record(self, error: BaseException, url: str, key: str | None, where: str) -> None:
+        """Log a failed sample; raise instead when the policy says to stop."""
+        if self.debug:
+            raise error
+        self.stats.failed += 1
+        self.stats.fail_reasons[type(error).__name__] += 1
+        self.note(error, url, key, where)
+        self.last_error = error
+        if self.on_error == RAISE:
+            kind = FailureKind.INPUT if isinstance(error, ShardflowError) else FailureKind.USER
+            reason = self.errors[-1]["reason"]
+            raise TaskFailed(f"shard {safe(redact_userinfo(url))}, key {safe_repr(key)}, {where}: {safe(reason, 2000)}",
+                             kind) from error
+        if self.on_error == WARN:
+            reason = self.errors[-1]["reason"]
+            print(f"shardflow: skipped shard {safe(redact_userinfo(url))}, key {safe_repr(key)} ({where}): "
+                  f"{safe(reason, 2000)}", file=sys.stderr)
+        self.check_rate()
+
+    def note(self, error: BaseException, url: str, key: str | None, where: str) -> None:
+        """Add a line to the task's error log (errors/<task>.jsonl), without counting a failed sample."""
+        reason = error.reason if isinstance(error, ShardflowError) else f"{type(error).__name__}: {error}"
+        frames = traceback.extract_tb(error.__traceback__)
+        digest = hashlib.sha1("|".join(f"{f.filename}:{f.lineno}:{f.name}" for f in frames).encode()).hexdigest()[:12]
+        # the key and reason may hold a 5 MB name: cut (text.truncate); JSON escapes the rest
+        record = {"task": self.task_id, "shard": redact_userinfo(url), "key": None if key is None else truncate(key),
+                  "stage": where, "type": type(error).__name__, "reason": truncate(redact_userinfo(reason), 2000),
+                  "traceback": digest}
+        if self.traces[digest] < TRACES_PER_DIGEST:  # the full text of the first few of each distinct error
+            self.traces[digest] += 1
+            record["trace"] = redact_userinfo(format_trace(error))
+        self.errors.append(record)
+
+    def check_rate(self, final: bool = False) -> None:
+        """Fail the task when too many samples failed: while streaming once 10 have failed and they are
+        more than max_failure_rate of those read so far; at the end, over the whole task."""
+        stats, rate = self.stats, self.max_failure_rate
+        least = min(10, stats.samples_in) if final else 10
+        if stats.failed and stats.failed >= least and stats.failed > rate * stats.samples_in:
+            bug = user_bug(self.errors, stats, self.last_error)
+            if bug is not None:  # not bad input: the same bug will fail every task, so the run stops
+                raise TaskFailed(bug, FailureKind.USER)
+            raise TaskFailed(
+                f"{stats.failed} of {stats.samples_in} samples failed (more than max_failure_rate={rate}); "
+                f"{self.most_common_error()}; every one is listed in errors/ in the run directory",
+                FailureKind.INPUT,
+            )
+
+    def most_common_error(self) -> str:
+        """'most often at decode: DecodeError (12x), e.g. key 'a/17': ...' for failure messages."""
+        counts: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for error in self.errors:
+            counts.setdefault((error["stage"], error["type"]), []).append(error)
+        if not counts:
+            return "no sample errors recorded"
+        (stage, kind), errors = max(counts.items(), key=lambda item: len(item[1]))
+        first = errors[0]
+        return (f"most often at {stage}: {kind} ({len(errors)}x), e.g. key {safe_repr(first['key'])}: "
+                f"{safe(first['reason'], 2000)}")
+
+
+def missing_input(url: str, error: BaseException) -> TaskFailed:
+    """The failure of a planned input that is not there: `input` (restore it) when its folder exists on
+    this machine, `io` (retry on another worker or pod) when the folder itself is missing here, as on a
+    worker that lacks the shared filesystem the input lives on."""
+    if is_local(url):
+        folder = os.path.dirname(local_path(url)) or "."
+        if not os.path.isdir(folder):
+            return TaskFailed(f"input shard {safe(url)} not visible on this machine ({socket.gethostname()}): "
+                              f"no folder {safe(folder)} here; is the filesystem mounted on every worker? "
+                              f"({safe(error)})", FailureKind.IO)
+    return TaskFailed(f"input shard missing: {error} (it was planned; restore it, or plan again without it using "
+                      "--force)", FailureKind.INPUT)
+
+
+def user_bug(errors: list[dict[str, Any]], stats: Stats, last: BaseException | None = None) -> str | None:
+    """A message when every sample read so far failed in process() with the same exception raised at the same
+    place (one traceback digest): a broken process(), fatal for the run, not bad input; else None."""
+    if not errors or stats.failed < stats.samples_in or stats.failed != len(errors):
+        return None
+    if {e["stage"] for e in errors} != {"process"} or len({(e["type"], e["traceback"]) for e in errors}) != 1:
+        return None
+    first = errors[0]
+    where = _user_frame(last)
+    return (f"process() raised the same {first['type']} on every sample ({stats.failed} of {stats.samples_in})"
+            f"{f' at {where}' if where else ''}, e.g. shard {safe(first['shard'])}, key {first['key']!r}: "
+            f"{safe(first['reason'])}; "
+            "a bug in the job, not bad input: the run stops (fix it and rerun; every sample is in errors/)")
+
+
+def _user_frame(error: BaseException | None) -> str | None:
+    """'file.py, line N, in fn' of the innermost frame outside shardflow and the installed libraries."""
+    if error is None or error.__traceback__ is None:
+        return None
+    frames = traceback.extract_tb(error.__traceback__)
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../shardflow
+    libraries = {sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")}
+    mine = [f for f in frames if not os.path.abspath(f.filename).startswith((package + os.sep, *libraries))]
+    frame = (mine or frames)[-1] if frames else None
+    return None if frame is None else f"{frame.filename}, line {frame.lineno}, in {frame.name}"
+

@@ -1,0 +1,190 @@
+"""run_task: the one function every backend executes for one task.
+
+    open input (fsspec stream) -> tar members -> samples -> decode -> fn(sample)
+    -> encode -> ShardWriter (atomic per shard) -> error log, stats -> completion marker LAST
+
+It is idempotent: a task whose marker exists is skipped; an unfinished one starts again from a
+clean state (stale temp files of the task removed, shards rewritten with identical bytes).
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from itertools import islice
+from typing import Any, Callable
+
+from shardflow.errors import (
+    RAISE,
+    SKIP,
+    FailureKind,
+    FormatError,
+    JobError,
+    SampleError,
+    ShardflowError,
+    ShardIOError,
+)
+from shardflow.task.batch import BatchProcessor, make_processor
+from shardflow.task.context import TaskContext
+from shardflow.task.failures import SampleFailures, TaskFailed, missing_input
+from shardflow.task.process import SampleProcessor
+from shardflow.task.seeds import job_seed
+from shardflow.rundir.stats import Stats
+from shardflow.rundir.tasks import Task, TaskResult
+from shardflow.shards.samples import read_samples
+from shardflow.shards.writer import ShardInfo, ShardWriter, remove_stale_temps
+from shardflow.storage.counting import CountingReader
+from shardflow.storage.schemes import open_read
+
+Progress = Callable[[int], None]
+_PROGRESS_EVERY_S = 0.5
+_MISSING = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
+
+
+def run_task(task: Task, job: Any, *, progress: Progress | None = None) -> TaskResult:
+    """Run one task to completion (or a recorded failure). Never raises for bad data.
+
+    `job` is a ShardJob or the TaskContext it made (`job.task_context()`), which is all this reads.
+    """
+    context: TaskContext = job if isinstance(job, TaskContext) else job.task_context()
+    run_dir = context.run_dir
+    if run_dir.is_done(task.id):
+        record = run_dir.read_done(task.id)
+        return TaskResult(task.id, "skipped", Stats.from_json(record["stats"]), record["outputs"])
+    if context.debug:  # no retries, nothing caught: the user's exception reaches the caller (and pdb)
+        with job_seed(context.seed):
+            return _attempt(task, context, progress)
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            with job_seed(context.seed):
+                result = _attempt(task, context, progress)
+        except TaskFailed as exc:
+            return run_dir.record_failure(task, str(exc), exc.kind, attempts=attempt)
+        except (ShardIOError, OSError) as exc:
+            if attempt <= context.io_retries:
+                time.sleep(min(context.retry_backoff * 2 ** (attempt - 1), 30.0))
+                continue
+            reason = str(exc) if isinstance(exc, ShardflowError) else f"{type(exc).__name__}: {exc}"
+            return run_dir.record_failure(task, f"I/O error after {attempt} attempts: {reason}", FailureKind.IO,
+                                          attempts=attempt)
+        except Exception as exc:  # noqa: BLE001 - a bug must fail this task visibly, not kill the run
+            where = traceback.format_exc(limit=-3).strip().replace("\n", " | ")
+            return run_dir.record_failure(task, f"unexpected {type(exc).__name__}: {exc} [{where}]",
+                                          FailureKind.INPUT, attempts=attempt)
+        result.attempts = attempt
+        return result
+
+
+def _attempt(task: Task, context: TaskContext, progress: Progress | None) -> TaskResult:
+    """One try at the task: stream it, then write its error log and, LAST, its completion marker."""
+    started = time.perf_counter()
+    stats = Stats()
+    failures = SampleFailures(task.id, stats, context.on_error, context.max_failure_rate, debug=context.debug)
+    try:
+        infos = _stream_task(task, context, _processor(context, stats, failures), progress)
+    except TaskFailed:
+        context.run_dir.write_errors(task.id, failures.errors)
+        raise
+    stats.shards_out = len(infos)
+    stats.bytes_out = sum(i.nbytes for i in infos)
+    stats.seconds = time.perf_counter() - started
+    outputs = [i.to_json() for i in infos]
+    context.run_dir.write_errors(task.id, failures.errors)
+    context.run_dir.mark_done(task.id, {"task": task.id, "inputs": list(task.inputs), "outputs": outputs,
+                                        "stats": stats.to_json()})
+    return TaskResult(task.id, "done", stats, outputs)
+
+
+class _ProgressBatcher:
+    """Hands sample counts to the backend's progress callback at most every half second."""
+
+    def __init__(self, callback: Progress | None) -> None:
+        self.callback = callback
+        self.pending = 0
+        self.last = time.perf_counter()
+
+    def add(self, count: int = 1) -> None:
+        self.pending += count
+        if self.callback is not None and time.perf_counter() - self.last > _PROGRESS_EVERY_S:
+            self.flush()
+            self.last = time.perf_counter()
+
+    def flush(self) -> None:
+        if self.callback is not None and self.pending:
+            self.callback(self.pending)
+        self.pending = 0
+
+
+def _processor(context: TaskContext, stats: Stats, failures: SampleFailures) -> SampleProcessor | BatchProcessor:
+    """The task's processor; a job whose setup or device fails on this worker fails the task once, clearly."""
+    try:
+        return make_processor(context, stats, failures)
+    except JobError as exc:  # SetupError, no CUDA: the same on every task of this worker, so stop the run
+        raise TaskFailed(str(exc), FailureKind.USER) from exc
+
+
+def _stream_task(task: Task, context: TaskContext, processor: SampleProcessor | BatchProcessor,
+                 progress: Progress | None) -> list[ShardInfo]:
+    """Stream every input of the task through the processor into the task's output shards."""
+    tag = context.temp_tag(task)
+    out_options = context.options_for(task.output)
+    remove_stale_temps(task.part_url, out_options, tag=tag)  # by name: no listing
+    counter = _ProgressBatcher(progress)
+    writer = ShardWriter(task.part_url, maxcount=context.maxcount, maxsize=context.maxsize,
+                         storage_options=out_options, temp_tag=tag)
+    with writer:
+        for url in task.inputs:
+            _stream_input(url, context, processor, writer, counter)
+        processor.failures.check_rate(final=True)
+        infos: list[ShardInfo] = writer.close()
+    counter.flush()
+    return infos
+
+
+def _stream_input(url: str, context: TaskContext, processor: SampleProcessor | BatchProcessor, writer: ShardWriter,
+                  counter: _ProgressBatcher) -> None:
+    """One input shard of a task: its samples processed and written, its bytes counted."""
+    stats, failures = processor.stats, processor.failures
+    stream = _open_input(url, context, failures)
+    counted = CountingReader(stream)
+    policy = RAISE if context.on_error == RAISE else SKIP  # read_samples reports; failures warns itself
+
+    def report(error: ShardflowError) -> None:
+        failures.record(error, error.url or url, error.key, "read")
+
+    samples = read_samples(counted, url, on_error=policy, report=report)
+    arrange = getattr(context.fn, "arrange_samples", None)  # the fn's stream stage: sort, commands run ahead
+    batched = isinstance(processor, BatchProcessor)
+    try:
+        if batched:  # fn over batches; read and write run in threads beside it (task/batch.py)
+            processor.write_all(lambda rep: islice(read_samples(counted, url, on_error=policy, report=rep),
+                                                   context.limit), url, writer, counter.add)
+        for sample in () if batched else arrange(samples) if arrange is not None else samples:
+            if context.limit is not None and stats.samples_in >= context.limit:
+                break  # a trial run (--limit): the task ends after its first samples
+            stats.samples_in += 1
+            for encoded in processor.process(sample):
+                writer.write(encoded)
+                stats.samples_out += 1
+            counter.add()
+    except (FormatError, SampleError) as exc:
+        failures.note(exc, exc.url or url, exc.key, "read")  # errors/ names where it broke
+        raise TaskFailed(str(exc), FailureKind.INPUT) from exc
+    finally:
+        stream.close()
+    stats.shards_in += 1
+    stats.bytes_in += counted.nbytes
+
+
+def _open_input(url: str, context: TaskContext, failures: SampleFailures) -> Any:
+    try:
+        return open_read(url, context.options_for(url), allow_pipe=context.allow_pipe)
+    except ShardIOError as exc:
+        if isinstance(exc.__cause__, _MISSING):
+            failures.note(exc, url, None, "open")
+            # retrying cannot bring it back: fail now, without the backoff of I/O retries (unless this
+            # machine does not see the input's folder at all: then another worker may, kind io)
+            raise missing_input(url, exc) from exc
+        raise

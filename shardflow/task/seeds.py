@@ -1,0 +1,92 @@
+"""Deterministic randomness: every seed derives from (job seed, sample key) by a stable hash.
+
+The job seed of the running task lives in a ContextVar, not a module global: two tasks running in
+threads of one Dask worker each see their own. The process-wide generators (`random`, `numpy.random`,
+torch's default generator) are shared by all threads of a process by nature; jobs that run several
+tasks per process in threads should draw from `sample_rng(sample)`, which is private to the call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import random
+import sys
+from contextvars import ContextVar
+from typing import Any, Iterator
+
+import numpy as np
+
+_job_seed: ContextVar[int] = ContextVar("shardflow_job_seed", default=0)
+
+
+def stable_seed(*parts: Any) -> int:
+    """A 63-bit seed from the parts' text, identical on every machine and Python version.
+
+    Keys are data: a member name that is not UTF-8 (latin-1 file names) reaches here with its bytes
+    surrogate-escaped, and is encoded back to those bytes rather than refused."""
+    text = "\x1f".join(map(str, parts))
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogateescape"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+@contextlib.contextmanager
+def job_seed(seed: int) -> Iterator[None]:
+    """Make `seed` the job seed of the code run inside the block (this thread / context only)."""
+    token = _job_seed.set(seed)
+    try:
+        yield
+    finally:
+        _job_seed.reset(token)
+
+
+def sample_seed(sample: dict[str, Any]) -> int:
+    """The seed of this sample in the running job: derived from (job seed, sample key)."""
+    return stable_seed(_job_seed.get(), sample["__key__"])
+
+
+def sample_rng(sample: dict[str, Any], kind: str = "numpy") -> Any:
+    """A random generator for this sample: same key and job seed, same numbers, on any worker.
+
+    kind: "numpy" (np.random.Generator), "python" (random.Random) or "torch" (torch.Generator).
+    """
+    seed = sample_seed(sample)
+    if kind == "numpy":
+        return np.random.default_rng(seed)
+    if kind == "python":
+        return random.Random(seed)
+    if kind == "torch":
+        import torch
+
+        return torch.Generator().manual_seed(seed)
+    raise ValueError(f"kind must be numpy, python or torch, not {kind!r}")
+
+
+def seed_globals(seed: int) -> None:
+    """Seed the global generators too, so code that calls random/np.random/torch is reproducible."""
+    random.seed(seed)
+    np.random.seed(seed & 0xFFFFFFFF)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        # not torch.manual_seed: with CUDA not yet initialised it queues a lazy seeding call together
+        # with a formatted stack trace (traceback + linecache stats), a few ms per sample
+        torch.random.default_generator.manual_seed(seed)
+        cuda = sys.modules.get("torch.cuda")
+        if cuda is not None and cuda.is_initialized():
+            cuda.manual_seed_all(seed)
+
+
+def device_rng(sample: dict[str, Any], device: Any = None) -> Any:
+    """A torch.Generator for this sample on `device` (default: this worker's, "cuda" or "cpu"), seeded
+    like sample_rng: random ops on the GPU (torch.rand(..., device=, generator=)) repeat on rerun.
+
+    The global CUDA generators are seeded too (seed_globals, when CUDA is initialised), but a
+    generator per sample does not depend on batching or on the order ops run in.
+    """
+    import torch
+
+    if device is None:
+        from shardflow.task.devices import worker_device
+
+        device = worker_device()
+    return torch.Generator(device=device).manual_seed(sample_seed(sample))
