@@ -7,16 +7,19 @@ VENV   ?= .venv
 PYTHON := $(VENV)/bin/python
 # -p no:cacheprovider: no .pytest_cache written into the checkout; --durations: the slow ones in CI logs
 PYTEST_FLAGS ?= -q -p no:cacheprovider --durations=15
-# narrow a run: make test TESTS=tests/test_fixtures.py PYTEST_FLAGS="-q -x"
+# narrow a run: make test TESTS=tests/storage PYTEST_FLAGS="-q -x"
 TESTS ?=
+# make test-fast: the pure-Python subset (markers registered in pyproject.toml, see tests/README.md)
+FAST_MARKERS ?= not servers and not cluster and not slow and not gpu
 
-.PHONY: help setup lint demo test bench manifests clean-venv
+.PHONY: help setup lint demo test test-fast bench manifests clean-venv
 
 help:
 	@echo "make setup   create/refresh .venv (pinned by constraints.txt)"
 	@echo "make demo    setup, then run 'shardflow demo'"
 	@echo "make lint    setup, then ruff and the import-linter layer contract"
-	@echo "make test    setup, lint, then the test suite (real S3/GCS/Dask servers on 127.0.0.1)"
+	@echo "make test    setup, lint, then the whole test suite (real S3/GCS/Dask servers on 127.0.0.1); CI runs this"
+	@echo "make test-fast  setup, lint, then the pure-Python tests: no servers, cluster, slow or gpu marks (~1-2 min)"
 	@echo "make bench   setup, then run bench/run.py"
 	@echo "make manifests  regenerate k8s/ and argo/ examples from jobs/augment.py"
 
@@ -34,6 +37,9 @@ lint: setup
 
 test: lint
 	$(PYTHON) -m pytest $(PYTEST_FLAGS) $(TESTS)
+
+test-fast: lint
+	$(PYTHON) -m pytest $(PYTEST_FLAGS) -m "$(FAST_MARKERS)" $(TESTS)
 
 bench: setup
 	$(PYTHON) bench/run.py

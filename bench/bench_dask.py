@@ -49,9 +49,9 @@ for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(_name, "1")
 
 import shardflow as sf  # noqa: E402
+from shardflow import TarWriter, load_job  # noqa: E402
+from shardflow.job.jobfile import load_job_file  # noqa: E402
 from shardflow.tools.demo import write_synthetic_shards  # noqa: E402
-from shardflow.job.jobfile import load_job, load_job_file  # noqa: E402
-from shardflow.shards.writer import TarWriter  # noqa: E402
 
 
 def digests(directory: str) -> dict[str, str]:

@@ -49,8 +49,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 import numpy as np  # noqa: E402
 
-from shardflow.shards.samples import read_samples  # noqa: E402
-from shardflow.shards.writer import ShardWriter, TarWriter  # noqa: E402
+from shardflow import ShardWriter, TarWriter, read_samples  # noqa: E402
 
 MB = 1e6
 
@@ -210,8 +209,7 @@ def rss_kb():
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
 if which == "shardflow":
-    from shardflow.shards.samples import read_samples
-    from shardflow.shards.writer import ShardWriter
+    from shardflow import ShardWriter, read_samples
     base = rss_kb()
     n = 0
     with ShardWriter(dst + "-%06d.tar", maxcount=10**9, maxsize=1e13) as w:

@@ -46,8 +46,9 @@ sys.path.insert(0, str(REPO))
 
 from cpu_time import descendants_cpu, own_cpu  # noqa: E402
 
+from shardflow import load_job  # noqa: E402
+from shardflow.job.jobfile import load_job_file  # noqa: E402
 from shardflow.tools.demo import write_synthetic_shards  # noqa: E402
-from shardflow.job.jobfile import load_job, load_job_file  # noqa: E402
 
 JOB_FILE = REPO / "jobs" / "augment.py"
 
@@ -126,7 +127,7 @@ def run_shardflow(inputs_spec: str, out: Path, backend: str, workers: int | None
 # -- (b) a hand-written loop --------------------------------------------------------------------------
 def run_loop(inputs: list[str], out: Path) -> tuple[float, float, int]:
     """Read with tarfile, decode/encode with shardflow.codecs, the same function, write with tarfile."""
-    from shardflow.codecs import Decoder, Encoder
+    from shardflow import Decoder, Encoder
 
     process = load_job_file(JOB_FILE).fn
     decode, encode = Decoder("torchrgb"), Encoder(png_compress_level=1)

@@ -11,9 +11,7 @@ import os
 import tempfile
 import time
 
-from shardflow.shards.samples import read_samples
-from shardflow.shards.writer import TarWriter
-from shardflow.storage.schemes import open_read
+from shardflow import TarWriter, open_read, read_samples
 
 
 def _run(opener, path: str, count: int) -> float:

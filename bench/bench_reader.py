@@ -46,9 +46,8 @@ import torch  # noqa: E402
 from cpu_time import descendants_cpu, own_cpu  # noqa: E402
 
 import shardflow as sf  # noqa: E402
-from shardflow.codecs import Decoder  # noqa: E402
+from shardflow import Decoder, ShardWriter  # noqa: E402
 from shardflow.codecs.planes import limit_threads  # noqa: E402
-from shardflow.shards.writer import ShardWriter  # noqa: E402
 
 # ------------------------------------------------------------------------------------- data
 
@@ -103,7 +102,7 @@ def all_jpegs(urls: list[str]) -> list[bytes]:
 
 def run_shardflow(urls, args, gpu=False, channels_last=False):
     cpu0, t0 = _cpu(), time.perf_counter()
-    ds = sf.ShardDataset(urls, decode="torchrgb8-gpu" if gpu else "torchrgb8", batch_size=args.batch,
+    ds = sf.ShardDataset(urls, decode="torchrgb8-cuda" if gpu else "torchrgb8", batch_size=args.batch,
                          shuffle=args.shuffle, seed=0, to_tuple="jpg cls", on_error="raise",
                          channels_last=channels_last)
     # consume() holds the only reference: dropping it stops the workers, so their CPU time counts
@@ -222,7 +221,7 @@ def main() -> None:
     p.add_argument("--shuffle", type=int, default=1000)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--epochs", type=int, default=3, help="epochs of one Loader in the -Nep rows (0: no such rows)")
-    p.add_argument("--gpu", action="store_true", help="also run the batched GPU JPEG decode (decode='torchrgb8-gpu')")
+    p.add_argument("--gpu", action="store_true", help="also run the batched GPU JPEG decode (decode='torchrgb8-cuda')")
     p.add_argument("--json", help="write the figures here too")
     args = p.parse_args()
     warnings.simplefilter("ignore")

@@ -16,8 +16,7 @@ import platform
 import tempfile
 import time
 
-from shardflow.shards.samples import read_samples
-from shardflow.shards.writer import ShardWriter
+from shardflow import ShardWriter, read_samples
 
 FORMATS = (".tar", ".cbors", ".mps")
 

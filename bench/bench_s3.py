@@ -14,7 +14,7 @@ What it measures (each method runs in a fresh subprocess, so peak RSS and disk w
                        written to local disk (/proc/self/io write_bytes) of the worker
 
 Usage:
-  python bench/bench_s3.py                      # starts SeaweedFS (tests/conftest.py's S3Server)
+  python bench/bench_s3.py                      # starts SeaweedFS (tests/support/s3.py's S3Server)
   python bench/bench_s3.py --total-mb 512 --big-gb 2 --json out.json
   python bench/bench_s3.py --endpoint http://127.0.0.1:8333   # an existing server; AWS_* env creds
 
@@ -64,8 +64,7 @@ def _options(endpoint: str) -> dict:
 def run_worker(method: str, spec: dict) -> dict:
     import fsspec
 
-    from shardflow.shards.samples import read_samples
-    from shardflow.shards.writer import ShardWriter
+    from shardflow import ShardWriter, read_samples
 
     options = _options(spec["endpoint"])
     inputs: list[str] = spec["inputs"]
@@ -154,7 +153,7 @@ def _identity(sample):
 
 
 def _make_shards(fs_options, bucket, nshards, shard_mb, sample_kb, prefix="in", seed=0):
-    from shardflow.shards.writer import TarWriter
+    from shardflow import TarWriter
 
     rnd = random.Random(seed)
     per_shard = max(1, shard_mb * 1024 // sample_kb)
@@ -201,8 +200,8 @@ def main() -> None:
     if args.endpoint:
         endpoint = args.endpoint
     else:
-        sys.path.insert(0, str(REPO / "tests"))
-        from conftest import S3Server, _find_executable  # the test suite's SeaweedFS launcher
+        from tests.support.processes import _find_executable
+        from tests.support.s3 import S3Server  # the test suite's SeaweedFS launcher
 
         weed = _find_executable("weed")
         if weed is None:

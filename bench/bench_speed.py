@@ -48,7 +48,7 @@ import numpy as np  # noqa: E402
 from cpu_time import descendants_cpu, own_cpu  # noqa: E402
 
 import shardflow as sf  # noqa: E402
-from shardflow.shards.writer import TarWriter  # noqa: E402
+from shardflow import TarWriter  # noqa: E402
 from shardflow.storage.local_files import start_writeback  # noqa: E402
 
 

@@ -34,8 +34,7 @@ def process(sample):
 
 
 def _plan(root: Path, pods: int, samples: int, size: int) -> str:
-    from shardflow.job.jobfile import load_job
-    from shardflow.shards.writer import TarWriter
+    from shardflow import TarWriter, load_job
 
     (root / "in").mkdir(parents=True)
     for shard in range(pods):

@@ -1,5 +1,5 @@
 """Fuzz the tar reader: N random valid shards, one random corruption each, read in skip and raise
-mode; judged by the oracle of tests/tar_corruption.py (the property test's, with many more cases).
+mode; judged by the oracle of tests/support/tar_corruption.py (the property test's, with many more cases).
 
     PYTHONPATH=. python bench/fuzz_tar.py --cases 20000 --seed 1 [--writer tarfile-gnu|tarfile-pax]
 
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from tar_corruption import KINDS, build, build_stdlib, corrupt, judge, judge_raise, random_spec, read  # noqa: E402
 
-from shardflow.errors import ShardflowWarning  # noqa: E402
+from shardflow import ShardflowWarning  # noqa: E402
 
 WRITERS = {
     "shardflow": build,
@@ -85,7 +85,7 @@ def tgz_vs_webdataset(seed: int) -> None:
 
     import webdataset as wds
 
-    from shardflow.shards.samples import read_samples
+    from shardflow import read_samples
 
     rng = random.Random(seed)
     spec = [(f"n{i:08d}", [("cls", "byte", 3), ("jpg", "rand", rng.randint(2_000, 60_000))]) for i in range(200)]

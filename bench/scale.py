@@ -41,12 +41,12 @@ from typing import Any, Callable
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from shardflow.job.shard_job import ShardJob  # noqa: E402
+from shardflow import ShardJob, TarWriter  # noqa: E402
 from shardflow.rundir.run_dir import RunDir, task_name  # noqa: E402
 from shardflow.rundir.stats import Stats  # noqa: E402
 from shardflow.rundir.status import read_status  # noqa: E402
 from shardflow.rundir.summaries import SPAN, block_of, write_block  # noqa: E402
-from shardflow.shards.writer import TarWriter, remove_stale_temps  # noqa: E402
+from shardflow.shards.writer import remove_stale_temps  # noqa: E402
 
 PYTHON = sys.executable
 

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Install shardflow from a source tree into the Python environment that owns $PIP.
-# docker/Dockerfile runs this, and so does tests/test_docker_install.py (in CI), so the image's
+# docker/Dockerfile runs this, and so does tests/cluster/test_docker_install.py (in CI), so the image's
 # install steps are exercised without a Docker engine.
 #
 #   docker/install.sh [SRC]        SRC: the source tree (default: .)

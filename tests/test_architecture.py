@@ -1,29 +1,51 @@
 """The house rules of docs/architecture.md, checked on every run (the layers themselves are checked by
 import-linter, `lint-imports`, in the test command):
 
-- no import cycle between modules, apart from the lazy front ends named in pyproject.toml;
-- no module over MAX_MODULE_LINES lines and no function over MAX_FUNCTION_LINES lines, except the few
-  listed below, each with the reason.
+- no import cycle between modules, apart from the imports the import-linter contract in pyproject.toml
+  ignores (`ignore_imports`; none today);
+- no module over MAX_MODULE_LINES lines (a failing test);
+- functions over MAX_FUNCTION_LINES lines are REPORTED, not failed: `test_function_length_report` prints
+  the longest ones as a table and warns once (in the warnings summary of every run).
 """
 
 from __future__ import annotations
 
 import ast
+import warnings
 from pathlib import Path
 
 import grimp
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "shardflow"
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli")
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "shardflow"
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
-# ShardJob's lazy front ends (imported inside the method, on first call): the only upward imports.
-ALLOWED_UPWARD = {
-    ("shardflow.job.shard_job", "shardflow.backends"),
-    ("shardflow.job.shard_job", "shardflow.cluster.manifests"),
-}
-# "module:function" -> why it may be longer than MAX_FUNCTION_LINES
-LONG_FUNCTIONS: dict[str, str] = {}  # none today
+REPORT_ROWS = 20
+
+
+def _contract_ignored_imports() -> set[tuple[str, str]]:
+    """The (importer, imported) pairs the import-linter contracts of pyproject.toml allow against the
+    layers: the only edges the cycle check may skip. Wildcards are not used there, so none are expanded."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    pairs = set()
+    for contract in config.get("contracts", []):
+        for line in contract.get("ignore_imports", []):
+            importer, imported = (s.strip() for s in line.split("->"))
+            pairs.add((importer, imported))
+    return pairs
+
+
+ALLOWED_UPWARD = _contract_ignored_imports()
+
+
+class FunctionLengthReport(UserWarning):
+    """Functions over MAX_FUNCTION_LINES lines: a report to act on, not a failure."""
 
 
 def _graph() -> grimp.ImportGraph:
@@ -81,15 +103,35 @@ def _modules() -> list[Path]:
     return sorted(p for p in PACKAGE.rglob("*.py") if "jobs_builtin" not in p.parts)
 
 
+def _module_name(path: Path) -> str:
+    return ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+
+
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(PACKAGE.parent)))
-def test_module_and_function_sizes(path: Path):
-    text = path.read_text()
-    assert text.count("\n") <= MAX_MODULE_LINES, f"{path.name} has {text.count(chr(10))} lines: split it by concern"
-    module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
-    for node in ast.walk(ast.parse(text)):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            length = node.end_lineno - node.lineno + 1
-            name = f"{module}:{node.name}"
-            if length > MAX_FUNCTION_LINES and name not in LONG_FUNCTIONS:
-                raise AssertionError(f"{name} is {length} lines (max {MAX_FUNCTION_LINES}): split it, or add it to "
-                                     "LONG_FUNCTIONS with the reason")
+def test_module_size(path: Path):
+    lines = path.read_text().count("\n")
+    assert lines <= MAX_MODULE_LINES, f"{path.name} has {lines} lines (max {MAX_MODULE_LINES}): split it by concern"
+
+
+def _function_lengths() -> list[tuple[int, str]]:
+    found = []
+    for path in _modules():
+        module = _module_name(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found.append((node.end_lineno - node.lineno + 1, f"{module}:{node.name}:{node.lineno}"))
+    return sorted(found, reverse=True)
+
+
+def test_function_length_report():
+    """Prints the longest functions (see them with `-rA` or `-s`); warns when any is over the cap."""
+    lengths = _function_lengths()
+    assert lengths, "no functions found: is PACKAGE right?"
+    over = [(n, name) for n, name in lengths if n > MAX_FUNCTION_LINES]
+    print(f"\nlongest functions (cap {MAX_FUNCTION_LINES} lines, {len(over)} over it):")
+    for n, name in lengths[:max(REPORT_ROWS, len(over))]:
+        print(f"  {n:4d}  {'OVER ' if n > MAX_FUNCTION_LINES else '     '}{name}")
+    if over:
+        table = "\n".join(f"  {n:4d}  {name}" for n, name in over)
+        warnings.warn(FunctionLengthReport(f"{len(over)} function(s) over {MAX_FUNCTION_LINES} lines "
+                                           f"(a report, not a failure):\n{table}"), stacklevel=1)

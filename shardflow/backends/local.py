@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any, Iterator
 import cloudpickle
 
 from shardflow.errors import FailureKind
-from shardflow.task.devices import gpu_plan, pin_worker
-from shardflow.rundir.pids import pid_alive
 from shardflow.job.progress import Progress
-from shardflow.task.run_task import run_task
+from shardflow.rundir.pids import pid_alive
 from shardflow.rundir.tasks import Task, TaskResult
+from shardflow.task.devices import gpu_plan, pin_worker
+from shardflow.task.run_task import run_task
 from shardflow.task.threads import THREAD_VARIABLES, apply_threads
 
 if TYPE_CHECKING:
@@ -164,7 +164,7 @@ def execute_processes(job: "ShardJob", tasks: list[Task], progress: Progress, *,
     `gpus_per_worker` GPUs, each pinned to its own), at most 2 queued per worker."""
     if not tasks:
         return
-    gpus = gpu_plan(getattr(job, "device", None), gpus_per_worker)
+    gpus = gpu_plan(job.spec.device, gpus_per_worker)
     workers = max(1, min(workers or (gpus.workers if gpus else default_workers()), len(tasks)))
     context = _mp_context()
     counts = context.Queue()

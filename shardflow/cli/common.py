@@ -2,7 +2,11 @@
 
 A failure a user can expect (a bad spec, an unreachable bucket, a refused plan) is one line on stderr,
 `shardflow: error: ...`, with credentials scrubbed, never a traceback. Exit codes: 0 success, 1 the
-work finished with failures (or an inspection failed), 2 a job could not start, 130 interrupted.
+work finished with failures (or an inspection failed), 2 a job could not start, 130 interrupted (the
+commands that run a job: tools/runner.py).
+
+A flag that sets a job setting (--maxcount, --on-error, --run-dir, ...) is made by `setting_option`
+from the JobSpec field (task/spec.py): its help, default and type are the field's, never restated here.
 
 Flags mean the same in every command: `-i/--inputs`, `-o/--outputs` (or `-o/--output`: what the
 command writes), `-S/--storage-option KEY=VALUE`, `-w/--workers`, `-b/--backend`.
@@ -10,6 +14,7 @@ command writes), `-S/--storage-option KEY=VALUE`, `-w/--workers`, `-b/--backend`
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from contextlib import contextmanager
@@ -19,12 +24,12 @@ import click
 
 from shardflow.errors import ShardflowError
 from shardflow.storage import options as so
+from shardflow.task.spec import JobSpec, setting_default, setting_help
 from shardflow.text import safe
 
-EXIT_OK = 0
-EXIT_FAILED = 1  # some tasks failed; an inspection or manifest command failed
-EXIT_ERROR = 2  # a job could not start: bad job file, --set, spec, option, or a refused plan
-EXIT_INTERRUPTED = 130  # Ctrl-C / SIGINT / SIGTERM
+# the exit status of a job's run is the runner's policy (tools/runner.py); the other commands use the
+# same numbers: 1 also means an inspection or manifest command failed
+from shardflow.tools.runner import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK  # noqa: F401
 
 STORAGE_OPTION_HELP = (
     "fsspec storage option (repeatable): key=value, dotted.key=value for nested options, PREFIX:key=value "
@@ -101,3 +106,25 @@ def parse_storage_options(items: tuple[str, ...]) -> dict[str, Any] | None:
         return so.parse_storage_options(items) or None
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--storage-option") from None
+
+
+_FIELD_TYPES = {"int": int, "float": float, "str": str}
+
+
+def setting_option(name: str, *flags: str, **overrides: Any) -> Callable[[Any], Any]:
+    """The click option of JobSpec setting `name`: `--name-with-dashes` (or `flags`), its help and default
+    from the field (a False bool: a flag), its type from the annotation; `overrides` add to them (a
+    narrower type, a metavar) or replace them (a command whose own default differs)."""
+    default = setting_default(name)
+    kwargs: dict[str, Any] = {"help": setting_help(name)}
+    if default is False:
+        kwargs["is_flag"] = True
+    else:
+        field = next(f for f in dataclasses.fields(JobSpec) if f.name == name)
+        annotation = str(field.type).split("|")[0].strip()
+        if annotation in _FIELD_TYPES:
+            kwargs["type"] = _FIELD_TYPES[annotation]
+        if default is not None:
+            kwargs.update(default=default, show_default=True)
+    kwargs.update(overrides)
+    return click.option(*(flags or ("--" + name.replace("_", "-"),)), name, **kwargs)

@@ -1,4 +1,6 @@
-"""`shardflow ls`, `shardflow cat`, `shardflow stats`: look inside shards without writing code.
+"""`shardflow ls`, `shardflow stats` and the printing of `shardflow cat`: look inside shards without
+writing code. (`cat` itself is declared once, in cli/tools_jobs.py: with -o it runs a job, without it
+calls `print_members` here.)
 
 All three stream (one sample in memory at a time), work on any URL fsspec opens (local, s3://,
 gs://, http(s)://, memory://; `-` is stdin), take `--storage-option KEY=VALUE` (repeatable, see
@@ -23,10 +25,11 @@ from shardflow.cli.common import (
     Fail,
     one_line_errors,
     parse_storage_options,
+    setting_option,
     storage_option_flag,
 )
 from shardflow.cli.locations import location_flags
-from shardflow.errors import ShardflowError
+from shardflow.errors import DEFAULT_ON_ERROR_READ, ShardflowError
 from shardflow.shards.keys import Sample
 from shardflow.shards.records import iter_records, record_format, value_bytes
 from shardflow.shards.samples import iter_samples
@@ -39,13 +42,12 @@ from shardflow.storage.schemes import open_read
 from shardflow.storage.specs import expand
 from shardflow.text import escape, safe, safe_repr
 
-_PIPE_HELP = "allow pipe:CMD URLs (they run shell commands)"
+_ALLOW_PIPE = setting_option("allow_pipe")
 
 
 def register(group: click.Group) -> None:
-    """Add `ls`, `cat` and `stats` to the `shardflow` command group."""
+    """Add `ls` and `stats` to the `shardflow` command group (`cat`: cli/tools_jobs.py)."""
     group.add_command(ls_command)
-    group.add_command(cat_command)
     group.add_command(stats_command)
 
 
@@ -108,7 +110,7 @@ def _human(n: float) -> str:
 
 
 _ON_ERROR = click.option(
-    "--on-error", type=click.Choice(["raise", "skip"]), default="raise", show_default=True,
+    "--on-error", type=click.Choice(["raise", "skip"]), default=DEFAULT_ON_ERROR_READ, show_default=True,
     help="raise: stop at the first bad shard or sample; skip: warn on stderr and go on",
 )
 
@@ -121,7 +123,7 @@ _ON_ERROR = click.option(
 @click.argument("spec", nargs=-1, required=True)
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per sample")
 @_ON_ERROR
-@click.option("--allow-pipe", is_flag=True, help=_PIPE_HELP)
+@_ALLOW_PIPE
 @location_flags
 @storage_option_flag()
 def ls_command(spec: tuple[str, ...], as_json: bool, on_error: str, allow_pipe: bool,
@@ -157,25 +159,25 @@ def ls_command(spec: tuple[str, ...], as_json: bool, on_error: str, allow_pipe: 
 # cat
 
 
-@click.command("cat")
-@click.argument("url")
-@click.option("--key", "-k", "keys", multiple=True, help="only the sample with this key (repeatable)")
-@click.option("--ext", "-e", "exts", multiple=True, help="only members with this extension (repeatable)")
-@click.option("--allow-pipe", is_flag=True, help=_PIPE_HELP)
-@location_flags
-@storage_option_flag()
-def cat_command(url: str, keys: tuple[str, ...], exts: tuple[str, ...], allow_pipe: bool,
-                storage_option: tuple[str, ...]) -> None:
-    """Write the bytes of members of a shard to stdout, exactly as stored.
+def print_members(specs: tuple[str, ...], keys: tuple[str, ...], exts: tuple[str, ...], *, allow_pipe: bool,
+                  storage_option: tuple[str, ...]) -> None:
+    """`shardflow cat SPEC...` without -o: the bytes of members to stdout, exactly as stored, shard by shard.
 
-    With --key, only that sample (an error if the shard does not have it); with --ext, only members
-    with that extension (an error if a chosen sample has none). Without either, every member of every
-    sample, in shard order. Reading stops as soon as every --key was found.
-
-    \b
-      shardflow cat s3://b/train-000001.tar --key 000123 --ext jpg > 000123.jpg
+    With --key, only that sample (an error if the shard does not have it; one shard only); with --ext,
+    only members with that extension (an error if a chosen sample has none). Without either, every
+    member of every sample, in shard order. Reading stops as soon as every --key was found.
     """
     options = parse_storage_options(storage_option)
+    with _errors(options):
+        urls = _expand(specs, options)
+    if keys and len(urls) != 1:
+        raise click.UsageError(f"--key looks in one shard; SPEC names {len(urls)}")
+    for url in urls:
+        _cat_shard(url, keys, exts, allow_pipe, options)
+
+
+def _cat_shard(url: str, keys: tuple[str, ...], exts: tuple[str, ...], allow_pipe: bool,
+               options: dict[str, Any] | None) -> None:
     out = sys.stdout.buffer
     wanted_exts = [e.lower().lstrip(".") for e in exts]
     with _errors(options):
@@ -298,7 +300,7 @@ def _safe_shard_stats(url: str, options: dict[str, Any], allow_pipe: bool, on_er
 @click.option("--jobs", "-j", type=click.IntRange(1, 256), default=4, show_default=True,
               help="shards read at the same time (threads; helps with object stores)")
 @_ON_ERROR
-@click.option("--allow-pipe", is_flag=True, help=_PIPE_HELP)
+@_ALLOW_PIPE
 @click.option("--verbose", "-v", is_flag=True, help="list each shard and the URL really read for it (rewrite, mirror)")
 @location_flags
 @storage_option_flag()

@@ -1,10 +1,11 @@
 """`shardflow run`, `plan`, `status`, `jobs` and `demo`: run job files from the command line.
 
-Exit status of `shardflow run` (and what a script or an orchestrator should do):
+`shardflow run` runs through the one runner of every command that runs a job (cli/running.py,
+tools/runner.py), which also decides its exit status (and what a script or an orchestrator should do):
 
-    0    every task of the plan is done
-    1    the run finished but some tasks failed (they are listed; rerun the same command to retry)
-    2    the job could not start: a bad job file, --set, spec or option, or a refused plan
+    0    every task of the plan is done (samples dropped as failed are said in one line on stderr)
+    1    the run ended with tasks failed or not done (they are listed; rerun the same command to retry)
+    2    the job could not start: a bad job file, --set, spec or option, a refused plan, a held lease
     130  interrupted (Ctrl-C / SIGINT / SIGTERM): finished tasks stay done, rerun to resume
 
 Every failure is one line on stderr (`shardflow: error: ...`), never a traceback, with credentials
@@ -14,22 +15,22 @@ scrubbed from it.
 from __future__ import annotations
 
 import json
-import signal
 from typing import Any
 
 import click
 
 from shardflow.cli.common import (
     EXIT_ERROR,
-    EXIT_FAILED,
-    EXIT_INTERRUPTED,
     one_line_errors,
     parse_storage_options,
+    setting_option,
     storage_option_flag,
 )
 from shardflow.cli.locations import location_flags
-from shardflow.cli.trying import flag_values, run_flags, watch_status
+from shardflow.cli.running import backend_flags, run_job_command
+from shardflow.cli.trying import RUN_FLAG_NAMES, flag_values, run_flags, watch_status
 from shardflow.errors import ShardflowError
+from shardflow.rundir.layout import PLAN
 from shardflow.storage import options as so
 from shardflow.text import safe
 
@@ -59,7 +60,7 @@ def _job_options(fn: Any) -> Any:
         click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
                      help="override a ShardJob option (maxcount, decode, on_error, seed, ...) or a PARAMS "
                      "key of the job file (repeatable; values are JSON when they parse as JSON)"),
-        click.option("--run-dir", metavar="URL", help="run directory (default: _shardflow beside the outputs)"),
+        setting_option("run_dir", metavar="URL"),
         storage_option_flag(),
     ]
     for option in reversed(options):
@@ -79,34 +80,14 @@ def _load(jobfile: str, inputs: str | None, outputs: str | None, settings: tuple
 # run
 
 
-def _backend_names() -> list[str]:
-    from shardflow.job.driver import BACKENDS
-
-    return list(BACKENDS)
-
-
 @click.command("run")
 @location_flags
 @click.argument("jobfile")
 @_job_options
-@click.option("--backend", "-b", type=click.Choice(_backend_names()), default="processes", show_default=True,
-              help="where tasks run: serial (this process, in order), processes (local pool), dask")
-@click.option("--workers", "-w", type=click.IntRange(min=1), help="worker processes (default: one per core)")
-@click.option("--address", metavar="URL", help="Dask scheduler address (with --backend dask)")
-@click.option("--gpus-per-worker", type=click.IntRange(min=1), default=None,
-              help="GPUs per worker: processes pins each worker to its own (one worker per slot by default), dask "
-              "asks for the worker resource GPU (docs/gpu.md)")
-@click.option("--force", is_flag=True, help="discard the run directory's progress if it holds a different plan")
-@click.option("--progress/--no-progress", default=None, help="progress bar on stderr (default: when a terminal)")
-@click.option("--json", "as_json", is_flag=True, help="print the report as JSON instead of text")
-@click.option("--steal", is_flag=True, help="take over the run directory's lease when its driver's has expired")
-@click.option("--wait-workers", type=click.FloatRange(min=0), metavar="SECONDS",
-              help="with --address: give up when no Dask worker has joined after SECONDS (default: wait)")
+@backend_flags
 @run_flags
 def run_command(jobfile: str, inputs: str | None, outputs: str | None, settings: tuple[str, ...],
-                run_dir: str | None, storage_option: tuple[str, ...], backend: str, workers: int | None,
-                address: str | None, gpus_per_worker: int | None, force: bool, progress: bool | None,
-                as_json: bool, steal: bool, wait_workers: float | None, **flags: Any) -> None:
+                run_dir: str | None, **kw: Any) -> None:
     """Run a job file over input shards into output shards, resuming where an earlier run stopped.
 
     JOBFILE is a job file (jobs/augment.py) or the name of a built-in job (augment, resize, filter,
@@ -116,72 +97,13 @@ def run_command(jobfile: str, inputs: str | None, outputs: str | None, settings:
       shardflow run augment --inputs 'data/train-{000000..000099}.tar' --outputs 'aug/{name}.tar'
       shardflow run jobs/resize.py -i 's3://b/in-*.tar' --outputs 's3://b/out/{name}.tar' --set size=256
 
-    Exit status: 0 all tasks done, 1 some tasks failed (listed), 2 the job could not start,
-    130 interrupted (rerun the same command to resume).
+    Exit status (the same for split, cat -o, sort, map): 0 all tasks done (samples dropped as failed
+    said on stderr), 1 some tasks failed or not done (listed), 2 the job could not start, 130
+    interrupted (rerun the same command to resume).
     """
-    options = parse_storage_options(storage_option)
-    run_options = flag_values(flags)
-    if run_options.get("debug"):
-        backend, progress = "serial", False
-    backend_options = _backend_options(backend, workers=workers, address=address, steal=steal,
-                                       wait_workers=wait_workers, gpus_per_worker=gpus_per_worker)
-    previous = _sigterm_as_interrupt()
-    try:
-        with _errors(options):
-            job = _load(jobfile, inputs, outputs, settings, run_dir, options)
-            if not run_options.get("debug"):
-                report = job.run(backend, force=force, progress=progress, **run_options, **backend_options)
-        if run_options.get("debug"):  # outside the one-line errors: the user's traceback, pdb-friendly
-            job.on_error = "raise"
-            report = job.run(backend, force=force, progress=progress, **run_options)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    if run_options.get("limit"):
-        click.echo(f"shardflow: a trial on {run_options['limit']} samples per task; its outputs and run directory "
-                   f"are in {report.run_dir.rpartition('/')[0]}, not in the real run", err=True)
-    if as_json:
-        click.echo(json.dumps(so.redact_urls_deep(report.to_json()), indent=1, sort_keys=True))
-    else:
-        click.echo(so.scrub(str(report), options))
-    if report.interrupted:
-        click.echo(f"shardflow: interrupted with {report.done} of {report.tasks} tasks done; run the same "
-                   "command again to resume", err=True)
-        raise SystemExit(EXIT_INTERRUPTED)
-    if report.failed:
-        ids = sorted(report.failed)
-        shown = ", ".join(map(str, ids[:20])) + (f", ... ({len(ids)} in all)" if len(ids) > 20 else "")
-        click.echo(f"shardflow: {len(ids)} of {report.tasks} tasks failed (tasks {shown}); fix the cause and run "
-                   f"the same command again to retry them (shardflow status {report.run_dir})", err=True)
-        raise SystemExit(EXIT_FAILED)
-    if not report.ok:
-        click.echo(f"shardflow: only {report.done} of {report.tasks} tasks are done; run again to finish", err=True)
-        raise SystemExit(EXIT_FAILED)
-
-
-def _backend_options(backend: str, *, workers: int | None, address: str | None, steal: bool,
-                     wait_workers: float | None, gpus_per_worker: int | None) -> dict[str, Any]:
-    """The keywords of ShardJob.run that only some backends take, checked against the backend."""
-    for flag, value in (("--address", address), ("--wait-workers", wait_workers)):
-        if value is not None and backend != "dask":
-            raise click.BadParameter(f"{flag} is for --backend dask", param_hint=flag)
-    options: dict[str, Any] = {"workers": workers, "address": address, "wait_workers": wait_workers,
-                               "gpus_per_worker": gpus_per_worker}
-    options = {k: v for k, v in options.items() if v is not None}
-    if steal:
-        options["steal"] = True
-    return options
-
-
-def _sigterm_as_interrupt() -> Any:
-    """SIGTERM (docker stop, kill) stops a run like Ctrl-C: workers stopped, nothing half-written."""
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    try:
-        return signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread (tests calling main() from a thread)
-        return signal.getsignal(signal.SIGTERM)
+    run_options = flag_values({name: kw.pop(name) for name in RUN_FLAG_NAMES})
+    options = parse_storage_options(kw["storage_option"])
+    run_job_command(lambda: _load(jobfile, inputs, outputs, settings, run_dir, options), kw, run_options=run_options)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -215,8 +137,8 @@ def plan_command(jobfile: str, inputs: str | None, outputs: str | None, settings
         rundir = job.rundir()
         state = "empty"
         done: set[int] = set()
-        if rundir.exists("plan.json"):
-            held = rundir.read_json("plan.json")
+        if rundir.exists(PLAN):
+            held = rundir.read_json(PLAN)
             same = held.get("fingerprint") == plan_fingerprint(task_json, job.settings())
             state = "same" if same else "different"
             if same:
@@ -324,8 +246,12 @@ def demo_command(directory: str, samples: int, shards: int, workers: int | None)
     DIR/augmented, prints the report and reads a few results back.
     """
     from shardflow.tools.demo import run_demo
+    from shardflow.tools.runner import outcome
 
     with _errors():
         report = run_demo(directory, samples=samples, workers=workers, shards=shards, echo=click.echo)
-    if not report.ok:
-        raise SystemExit(EXIT_INTERRUPTED if report.interrupted else EXIT_FAILED)
+    status, message = outcome(report)
+    if message:
+        click.echo(message, err=True)
+    if status:
+        raise SystemExit(status)

@@ -1,8 +1,10 @@
 """`shardflow split`, `cat -o`, `sort` and `map -c CMD`: shard tools that run as jobs.
 
 Each builds a ShardJob (byte-for-byte copies, a sorting stage, or a shell command per sample) and
-runs it like `shardflow run`: planned into a run directory, resumable after a crash or Ctrl-C (rerun
-the same command), atomic per output shard, on the processes (default), serial or dask backend.
+runs it through the runner of `shardflow run` (cli/running.py, tools/runner.py): planned into a run
+directory, resumable after a crash or Ctrl-C (rerun the same command), atomic per output shard, on any
+backend, with run's report and exit status. This module owns `cat`: with -o it is a job, without it prints
+members (cli/inspect.py's print_members).
 """
 
 from __future__ import annotations
@@ -11,7 +13,10 @@ from typing import Any
 
 import click
 
-from shardflow.cli.tools_common import backend_options, expand_all, job_kwargs, run_tool_job
+from shardflow.cli.common import setting_option
+from shardflow.cli.locations import location_flags
+from shardflow.cli.running import run_job_command
+from shardflow.cli.tools_common import expand_all, job_flags, job_kwargs
 from shardflow.tools.sort import DEFAULT_MEMORY, SortSamples, passthrough
 
 # job.shard_job (and numpy, through the seeds) is imported when a job is built, not for every `shardflow` command
@@ -19,12 +24,12 @@ from shardflow.tools.sort import DEFAULT_MEMORY, SortSamples, passthrough
 _OUTPUT_PATTERN = click.option(
     "--output", "-o", "output", required=True, metavar="PATTERN",
     help="output shards: a pattern with {name} (input shard name), {task} and {part} (rollover part)")
-_MAXCOUNT = click.option("--maxcount", type=click.IntRange(min=1), help="at most N samples per output shard")
-_MAXSIZE = click.option("--maxsize", type=float, help="at most this many bytes per output shard (1e9 works)")
+_MAXCOUNT = setting_option("maxcount", type=click.IntRange(min=1), metavar="N")
+_MAXSIZE = setting_option("maxsize", metavar="BYTES")
 
 
 def register(group: click.Group) -> None:
-    """Add split, cat (replacing the print-only cat: without -o it still prints), sort and map."""
+    """Add split, cat (-o: concatenate; without: print members), sort and map."""
     for command in (split_command, cat_command, sort_command, map_command):
         group.add_command(command)
 
@@ -34,7 +39,7 @@ def register(group: click.Group) -> None:
 @_OUTPUT_PATTERN
 @_MAXCOUNT
 @_MAXSIZE
-@backend_options
+@job_flags
 def split_command(spec: tuple[str, ...], output: str, maxcount: int | None, maxsize: float | None,
                   **kw: Any) -> None:
     """Split shards into smaller ones (tarsplit): each input shard into parts of at most --maxcount
@@ -52,10 +57,11 @@ def split_command(spec: tuple[str, ...], output: str, maxcount: int | None, maxs
         return ShardJob(passthrough, list(spec), output, maxcount=maxcount, maxsize=maxsize, name="split",
                         **job_kwargs(kw))
 
-    run_tool_job(make, kw)
+    run_job_command(make, kw)
 
 
 @click.command("cat")
+@location_flags
 @click.argument("spec", nargs=-1, required=True)
 @click.option("--output", "-o", "output", metavar="OUT",
               help="concatenate every sample of SPEC... into OUT (a job: resumable, atomic) instead of printing")
@@ -63,7 +69,7 @@ def split_command(spec: tuple[str, ...], output: str, maxcount: int | None, maxs
 @click.option("--ext", "-e", "exts", multiple=True, help="without -o: only members with this extension (repeatable)")
 @_MAXCOUNT
 @_MAXSIZE
-@backend_options
+@job_flags
 def cat_command(spec: tuple[str, ...], output: str | None, keys: tuple[str, ...], exts: tuple[str, ...],
                 maxcount: int | None, maxsize: float | None, **kw: Any) -> None:
     """Print the bytes of members of a shard to stdout, or with -o concatenate shards into one.
@@ -78,7 +84,9 @@ def cat_command(spec: tuple[str, ...], output: str | None, keys: tuple[str, ...]
       shardflow cat 'part-{000..099}.tar' -o all.tar
     """
     if output is None:
-        _print_members(spec, keys, exts, kw)
+        from shardflow.cli.inspect import print_members
+
+        print_members(spec, keys, exts, allow_pipe=kw["allow_pipe"], storage_option=kw["storage_option"])
         return
     if keys or exts:
         raise click.UsageError("--key/--ext select what to print; they do not apply with -o")
@@ -92,22 +100,7 @@ def cat_command(spec: tuple[str, ...], output: str | None, keys: tuple[str, ...]
         return ShardJob(passthrough, urls, output, maxcount=maxcount, maxsize=maxsize, inputs_per_task=len(urls),
                         name="cat", **job_kwargs(kw))
 
-    run_tool_job(make, kw)
-
-
-def _print_members(spec: tuple[str, ...], keys: tuple[str, ...], exts: tuple[str, ...], kw: dict[str, Any]) -> None:
-    """The print-only cat of `shardflow.cli.inspect`, once per shard."""
-    from shardflow.cli import inspect
-    from shardflow.cli.common import EXIT_FAILED, one_line_errors, parse_storage_options
-
-    options = parse_storage_options(kw["storage_option"])
-    with one_line_errors(options, exit_code=EXIT_FAILED, broken_pipe_ok=True):
-        urls = expand_all(spec, options)
-    if keys and len(urls) != 1:
-        raise click.UsageError(f"--key looks in one shard; SPEC names {len(urls)}")
-    for url in urls:
-        inspect.cat_command.callback(url=url, keys=keys, exts=exts, allow_pipe=kw["allow_pipe"],  # type: ignore[misc]
-                                     storage_option=kw["storage_option"])
+    run_job_command(make, kw)
 
 
 @click.command("sort")
@@ -119,7 +112,7 @@ def _print_members(spec: tuple[str, ...], keys: tuple[str, ...], exts: tuple[str
 @click.option("--memory", type=float, default=float(DEFAULT_MEMORY), show_default=True,
               help="bytes of samples held in memory; a larger shard is sorted in runs spilled to temp files")
 @click.option("--tmpdir", type=click.Path(file_okay=False), help="where spilled runs go (default: $TMPDIR)")
-@backend_options
+@job_flags
 def sort_command(spec: tuple[str, ...], output: str, by: str, reverse: bool, memory: float, tmpdir: str | None,
                  **kw: Any) -> None:
     """Sort the samples within each shard (tarsort), stable, in bounded memory.
@@ -137,7 +130,7 @@ def sort_command(spec: tuple[str, ...], output: str, by: str, reverse: bool, mem
 
         return ShardJob(fn, list(spec), output, name="sort", params=params, **job_kwargs(kw))
 
-    run_tool_job(make, kw)
+    run_job_command(make, kw)
 
 
 @click.command("map")
@@ -153,7 +146,7 @@ def sort_command(spec: tuple[str, ...], output: str, by: str, reverse: bool, mem
               help="where sample directories go [default: $TMPDIR, else /dev/shm with 1 GiB free, else /tmp]")
 @_MAXCOUNT
 @_MAXSIZE
-@backend_options
+@job_flags
 def map_command(spec: tuple[str, ...], output: str, command: str, parallel: int, timeout: float,
                 env: tuple[str, ...], pass_env: tuple[str, ...], tmpdir: str | None, maxcount: int | None,
                 maxsize: float | None, **kw: Any) -> None:
@@ -175,6 +168,6 @@ def map_command(spec: tuple[str, ...], output: str, command: str, parallel: int,
         if not sep or not name:
             raise click.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--env")
         variables[name] = value
-    run_tool_job(lambda: ShellJob(command, list(spec), output, parallel=parallel, timeout=timeout, env=variables,
-                                  pass_env=pass_env, tmpdir=tmpdir, maxcount=maxcount, maxsize=maxsize,
-                                  **job_kwargs(kw)), kw)
+    run_job_command(lambda: ShellJob(command, list(spec), output, parallel=parallel, timeout=timeout, env=variables,
+                                     pass_env=pass_env, tmpdir=tmpdir, maxcount=maxcount, maxsize=maxsize,
+                                     **job_kwargs(kw)), kw)

@@ -24,11 +24,11 @@ from shardflow.cli.tools_common import (
     progress_option,
     storage_option,
 )
-from shardflow.errors import ShardflowError
-from shardflow.tools.fields import FieldError, field_value
-from shardflow.shards.publish import open_atomic
+from shardflow.errors import DEFAULT_ON_ERROR_READ, ShardflowError
 from shardflow.shards.samples import read_samples
 from shardflow.storage import options as so
+from shardflow.storage.publish import open_atomic
+from shardflow.tools.fields import FieldError, field_value
 
 
 def register(group: click.Group) -> None:
@@ -124,7 +124,7 @@ def _parquet(rows: list[dict[str, Any]], columns: list[str]) -> bytes:
 @click.option("--output", "-o", "output", metavar="FILE", help="write here (atomic) instead of stdout; "
               "needed for parquet")
 @click.option("--header/--no-header", default=True, show_default=True, help="a first line naming the columns")
-@click.option("--on-error", type=click.Choice(["raise", "skip"]), default="raise", show_default=True)
+@click.option("--on-error", type=click.Choice(["raise", "skip"]), default=DEFAULT_ON_ERROR_READ, show_default=True)
 @progress_option
 @allow_pipe_option
 @storage_option

@@ -25,8 +25,11 @@ def register(group: click.Group) -> None:
     group.add_command(preview_command)
 
 
+RUN_FLAG_NAMES = ("debug", "limit", "limit_tasks", "overwrite", "redo", "resume_anyway", "heartbeat")
+
+
 def run_flags(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """The production options of `shardflow run` (handed to ShardJob.run as keywords)."""
+    """The production options of `shardflow run` (RUN_FLAG_NAMES; handed to ShardJob.run as keywords)."""
     options = [
         click.option("--debug", is_flag=True, help="run serially in this process with on_error=raise; the first "
                      "failure raises its own exception with its traceback (post-mortem: python -m pdb -m "
@@ -55,7 +58,7 @@ def flag_values(flags: dict[str, Any]) -> dict[str, Any]:
         raise click.BadParameter("--limit-tasks needs --limit", param_hint="--limit-tasks")
     if flags.get("redo") and flags.get("resume_anyway"):
         raise click.BadParameter("--redo and --resume-anyway exclude each other", param_hint="--redo")
-    return {k: v for k, v in flags.items() if v not in (None, False)}
+    return {k: v for k, v in flags.items() if v is not None and v is not False}  # --heartbeat 0 is a value
 
 
 # ------------------------------------------------------------------------------------------------

@@ -13,15 +13,16 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
-from typing import Any
-
-import cloudpickle
+from typing import TYPE_CHECKING, Any
 
 from shardflow.cluster.contract import EXIT_RETRY, EXIT_STOP, WorkerExit
 from shardflow.errors import JobError
-from shardflow.job.jobrecord import RECORD, version_mismatch
+from shardflow.job.jobrecord import RECORD, load_job_pickle, version_mismatch
+from shardflow.rundir.layout import JOB_PICKLE
 from shardflow.rundir.run_dir import RunDir
 
+if TYPE_CHECKING:
+    from shardflow.job.shard_job import ShardJob
 
 def _read(run_dir: RunDir, name: str) -> bytes | None:
     try:
@@ -44,10 +45,10 @@ def read_record(run_dir: RunDir) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def rebuild_from_source(job_file: dict[str, Any], where: str) -> Any:
-    """The ShardJob of a recorded job file: its source run as a fresh module, its recorded settings."""
-    from shardflow.job.shard_job import ShardJob
-    from shardflow.job.jobfile import load_job_file
+def rebuild_from_source(job_file: dict[str, Any], where: str) -> ShardJob:
+    """The ShardJob of a recorded job file: its source run as a fresh module, with the recorded settings
+    (every JobSpec field the driver's job had: JobSpec.record_settings), the same job as the driver's."""
+    from shardflow.job.jobfile import job_from_file, load_job_file
 
     folder = Path(tempfile.mkdtemp(prefix="shardflow-job-"))
     path = folder / Path(str(job_file.get("name") or "job.py")).name
@@ -55,19 +56,17 @@ def rebuild_from_source(job_file: dict[str, Any], where: str) -> Any:
     settings = dict(job_file.get("settings") or {})
     try:
         loaded = load_job_file(path)
-        params = settings.get("params")
+        params = settings.pop("params", None)
         if loaded.params is not None and isinstance(params, dict):
             loaded.params.clear()  # process() reads the module's PARAMS: give it the recorded values
             loaded.params.update(params)
-            settings["params"] = loaded.params
-        inputs, outputs = settings.pop("inputs"), settings.pop("outputs")
-        return ShardJob(loaded.fn, inputs, outputs, **settings)
+        return job_from_file(loaded, recorded=settings)
     except (JobError, KeyError, TypeError, ValueError) as exc:
         raise WorkerExit(EXIT_STOP, f"cannot rebuild the job from the job file recorded in {where} in this "
                                     f"image: {exc}") from exc
 
 
-def load_job(run_dir: RunDir) -> Any:
+def load_job(run_dir: RunDir) -> ShardJob:
     """The job of `run_dir` for this pod (see the module docstring); WorkerExit says why not."""
     record = read_record(run_dir)
     where = f"{run_dir.url}/{RECORD}"
@@ -79,11 +78,11 @@ def load_job(run_dir: RunDir) -> Any:
             raise WorkerExit(EXIT_STOP, f"{run_dir.url}/job.pkl cannot be loaded safely here: {why}; build the "
                                         "image with the same versions, or run the job from a job file (pods "
                                         "rebuild those from source)")
-    data = _read(run_dir, "job.pkl")
+    data = _read(run_dir, JOB_PICKLE)
     if data is None:
         raise WorkerExit(EXIT_STOP, f"no job.pkl in run directory {run_dir.url}")
     try:
-        return cloudpickle.loads(data)
+        return load_job_pickle(data)
     except Exception as exc:  # noqa: BLE001 - a module missing from the image, a version mismatch
         raise WorkerExit(
             EXIT_STOP,

@@ -9,11 +9,14 @@ traceback.
 from __future__ import annotations
 
 import sys
-from typing import Any, Mapping, TextIO
+from typing import TYPE_CHECKING, Any, Mapping, TextIO
 
 from shardflow.cluster.contract import EXIT_OK, EXIT_RETRY, EXIT_STOP
 from shardflow.errors import JobError, ShardflowError
 from shardflow.storage import options as so
+
+if TYPE_CHECKING:
+    from shardflow.job.shard_job import ShardJob
 
 _CREDENTIALS = ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError", "DefaultCredentialsError",
                 "RefreshError", "PermissionError", "AccessDenied", "Forbidden", "InvalidAccessKeyId",
@@ -36,7 +39,7 @@ def looks_like_credentials(exc: BaseException) -> bool:
     return False
 
 
-def prepare_run_dir(job: Any, *, force: bool = False) -> None:
+def prepare_run_dir(job: "ShardJob", *, force: bool = False) -> None:
     """job.prepare(), with any storage failure turned into a one-line JobError naming the run directory."""
     try:
         job.prepare(force=force)

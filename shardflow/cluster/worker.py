@@ -30,13 +30,14 @@ from shardflow.cluster.contract import (
 )
 from shardflow.cluster.heartbeat import ChunkHeartbeat
 from shardflow.errors import JobError
+from shardflow.rundir.layout import failed_file
 from shardflow.rundir.report import RunReport, build_report
-from shardflow.task.run_task import run_task
-from shardflow.rundir.run_dir import RunDir, task_name
+from shardflow.rundir.run_dir import RunDir
 from shardflow.rundir.summaries import block_of, write_block
 from shardflow.rundir.tasks import TaskResult
-from shardflow.task.threads import limit_threads
 from shardflow.storage import options as so
+from shardflow.task.run_task import run_task
+from shardflow.task.threads import limit_threads
 
 
 class Preempted(BaseException):
@@ -96,8 +97,7 @@ def load_run_job(run_dir: RunDir, *, rebind: bool = False) -> Any:
             raise WorkerExit(EXIT_STOP, f"storage options of the run directory: {exc.args[0]}") from exc
         if options:
             run_dir = RunDir(run_dir.url, options)
-    job.bind_run_dir(run_dir)
-    return job
+    return job.at_run_dir(run_dir)
 
 
 def chunk_exit_code(results: list[TaskResult], on_error: str) -> int:
@@ -197,7 +197,7 @@ def write_summary(run_dir: RunDir, plan: dict[str, Any] | None = None) -> RunRep
     results: dict[int, TaskResult] = {}
     for task_id in sorted(run_dir.failed_ids() - done):
         try:
-            record = run_dir.read_json(f"failed/{task_name(task_id)}.json")
+            record = run_dir.read_json(failed_file(task_id))
         except FileNotFoundError:
             continue
         results[task_id] = TaskResult.failed(task_id, record.get("error"), record.get("kind"))

@@ -36,7 +36,7 @@ def _cv2() -> Any:
 def preload() -> None:
     """Load OpenCV now (~15 ms), in a process about to fork DataLoader workers: each of them would
     otherwise load it on its first image, on the way to its first batch. The forked children still
-    run it on the thread count they set (limit_threads; tests/test_planes.py checks both)."""
+    run it on the thread count they set (limit_threads; tests/codecs/test_planes.py checks both)."""
     _cv2()
 
 

@@ -1,43 +1,23 @@
-"""Backends: they differ only in where `run_task(task, job)` runs.
-
-Each backend is a generator `execute(job, tasks, progress, **options)` that yields TaskResults as
-tasks finish; closing the generator must stop outstanding work. `run_job` does everything else the
-same way for all of them: the plan, skipping finished tasks, the progress bar, the report.
+"""The driver: everything a run does the same way whatever the backend (the lease, the plan, skipping
+finished tasks, the progress bar, the report); backends differ only in where `run_task` runs and are
+found by name in job/backend_registry.py.
 """
 
 from __future__ import annotations
 
-import copy
-import importlib
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from shardflow.errors import JobError
-from shardflow.rundir.lease import RunLease
+from shardflow.job.backend_registry import backend as get_backend
 from shardflow.job.progress import DEFAULT_HEARTBEAT_S, Progress, json_reader, known_total
+from shardflow.job.trial import prepare_trial
+from shardflow.rundir.lease import RunLease
 from shardflow.rundir.report import RunReport, build_report
 from shardflow.rundir.tasks import Task, TaskResult
-from shardflow.job.trial import prepare_trial
 
 if TYPE_CHECKING:
     from shardflow.job.shard_job import ShardJob
-
-Execute = Callable[..., Iterator[TaskResult]]
-
-BACKENDS = {
-    "serial": "shardflow.backends.local:execute_serial",
-    "processes": "shardflow.backends.local:execute_processes",
-    "dask": "shardflow.backends.dask.client:execute_dask",
-}
-
-
-def get_backend(name: str) -> Execute:
-    try:
-        module, func = BACKENDS[name].split(":")
-    except KeyError:
-        raise JobError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}") from None
-    return getattr(importlib.import_module(module), func)
-
 
 def run_job(job: "ShardJob", backend: str = "processes", *, steal: bool = False, **options: Any) -> RunReport:
     """Plan (once), run the pending tasks on `backend`, and return the merged report.
@@ -63,7 +43,9 @@ def _run_pending(job: "ShardJob", backend: str = "processes", *, force: bool = F
     execute = get_backend(backend)
     started = time.perf_counter()
     if debug:
-        job = _debug_job(job, backend)
+        if backend != "serial":
+            raise JobError("debug=True runs in this process: use the 'serial' backend")
+        job = job.replace(debug=True)  # the first failure raises the original exception (run_task catches nothing)
     if limit is not None:
         job, run_dir = prepare_trial(job, limit, limit_tasks)
     else:
@@ -80,7 +62,7 @@ def _run_pending(job: "ShardJob", backend: str = "processes", *, force: bool = F
         for result in stream:
             results[result.task_id] = result
             bar.task_finished(result)
-            if result.stops_run(job.on_error):
+            if result.stops_run(job.spec.on_error):
                 break
     except KeyboardInterrupt:
         interrupted = True
@@ -90,11 +72,3 @@ def _run_pending(job: "ShardJob", backend: str = "processes", *, force: bool = F
     skipped = len(tasks) - len(pending) + sum(r.status == "skipped" for r in results.values())
     return build_report(run_dir, [t.id for t in tasks], results, started, skipped=skipped, interrupted=interrupted)
 
-
-def _debug_job(job: "ShardJob", backend: str) -> "ShardJob":
-    """A copy of the job whose first failure raises the original exception (run_task catches nothing)."""
-    if backend != "serial":
-        raise JobError("debug=True runs in this process: use the 'serial' backend")
-    debug_job = copy.copy(job)
-    debug_job.debug = True
-    return debug_job

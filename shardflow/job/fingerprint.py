@@ -20,7 +20,10 @@ import inspect
 import json
 import sys
 import types
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shardflow.job.shard_job import ShardJob
 
 JOB_MODULE_PREFIX = "_shardflow_job_"  # job.jobfile names job-file modules so
 
@@ -62,7 +65,7 @@ def _function_digest(fn: Any) -> tuple[str, str]:
         return "bytecode", _sha(_bytecode(code))
 
 
-def code_fingerprint(job: Any) -> dict[str, Any]:
+def code_fingerprint(job: "ShardJob") -> dict[str, Any]:
     """What identifies the code of `job` (a ShardJob): JSON-safe, with one overall `fingerprint`."""
     fn = job.fn
     qualname = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
@@ -93,7 +96,7 @@ def code_difference(old: dict[str, Any], new: dict[str, Any]) -> str:
     return ", ".join(changed) or "the code changed"
 
 
-def default_run_dir_name(job: Any) -> str:
+def default_run_dir_name(job: "ShardJob") -> str:
     """`_shardflow-<job name>-<8 hex>`: a name of its own for each job writing into one output directory.
 
     The hex digits hash the job's name and output spec (not its code: a code change must be found in the

@@ -18,15 +18,19 @@ import functools
 import os
 import re
 import string
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from shardflow.errors import JobError
 from shardflow.job.fingerprint import code_difference, code_fingerprint, default_run_dir_name
+from shardflow.rundir.layout import DEFAULT_NAME, PLAN
 from shardflow.rundir.plan_table import TaskTable
 from shardflow.rundir.run_dir import RunDir
 from shardflow.rundir.tasks import Task
 from shardflow.storage.atomic import is_temp_name
 from shardflow.storage.paths import filesystem, is_local, join, local_path, protocol
+
+if TYPE_CHECKING:
+    from shardflow.job.shard_job import ShardJob
 
 SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 MAX_DIRS_LISTED = 64  # output directories looked into (a pattern with {task} in the folder has many)
@@ -107,7 +111,7 @@ def _existing_shards(directory: str, options: dict[str, Any] | None) -> list[str
     return out
 
 
-def check_foreign_shards(job: Any, tasks: list[Task] | Callable[[], list[Task]], run_dir: RunDir, *,
+def check_foreign_shards(job: "ShardJob", tasks: list[Task] | Callable[[], list[Task]], run_dir: RunDir, *,
                          directories: list[str] | None = None) -> None:
     """Refuse output directories holding shards that are neither this job's outputs nor its inputs.
 
@@ -116,7 +120,7 @@ def check_foreign_shards(job: Any, tasks: list[Task] | Callable[[], list[Task]],
     foreign). Before a first run nothing is: a shard already under a planned name was written by
     someone else (another job, or a run whose run directory is gone).
     """
-    plan = run_dir.read_json("plan.json") if run_dir.exists("plan.json") else None
+    plan = run_dir.read_json(PLAN) if run_dir.exists(PLAN) else None
     if plan is not None and plan.get("overwrite"):
         return  # an earlier run of this run directory was told to write there anyway
     if directories is None:
@@ -138,7 +142,7 @@ def check_foreign_shards(job: Any, tasks: list[Task] | Callable[[], list[Task]],
                            "output directory, or pass --overwrite (overwrite=True) to write there anyway")
 
 
-def check_table(job: Any, table: dict[str, Any], run_dir: RunDir, *, overwrite: bool = False) -> None:
+def check_table(job: "ShardJob", table: dict[str, Any], run_dir: RunDir, *, overwrite: bool = False) -> None:
     """The checks above for a plan given as a table (rundir.plan_table): decided from the folders its
     columns name, so a million-task plan whose outputs go to other folders than its inputs, into empty
     folders, is checked without making one Task. Otherwise the tasks are made (once) and checked."""
@@ -172,7 +176,7 @@ def _canonical_folder(folder: str) -> str:
     return _canonical(folder + "/x").rpartition("/")[0]
 
 
-def check_code(job: Any, run_dir: RunDir, *, redo: bool = False, resume_anyway: bool = False,
+def check_code(job: "ShardJob", run_dir: RunDir, *, redo: bool = False, resume_anyway: bool = False,
                overwrite: bool = False) -> dict[str, Any]:
     """After the plan is written: refuse a run directory planned with other code unless told what to do.
 
@@ -180,11 +184,11 @@ def check_code(job: Any, run_dir: RunDir, *, redo: bool = False, resume_anyway: 
     Either way plan.json then records the new code. `overwrite` is recorded too (reruns do not ask again).
     """
     code = code_fingerprint(job)
-    plan = run_dir.read_json("plan.json")
+    plan = run_dir.read_json(PLAN)
     old = plan.get("code")
     if old is not None and old.get("fingerprint") == code["fingerprint"]:
         if overwrite and not plan.get("overwrite"):
-            run_dir.write_json("plan.json", {**plan, "overwrite": True})
+            run_dir.write_json(PLAN, {**plan, "overwrite": True})
         return code
     if old is not None and not (redo or resume_anyway):
         raise JobError(f"the job's code differs from the code that planned run directory {run_dir.url} "
@@ -193,25 +197,25 @@ def check_code(job: Any, run_dir: RunDir, *, redo: bool = False, resume_anyway: 
     if redo:
         run_dir.reset()
     recorded = {**plan, "code": code, **({"overwrite": True} if overwrite else {})}
-    run_dir.write_json("plan.json", recorded)  # old plans (no "code" key) adopt the current code
+    run_dir.write_json(PLAN, recorded)  # old plans (no "code" key) adopt the current code
     return code
 
 
-def default_run_dir(job: Any, head: str) -> str:
+def default_run_dir(job: "ShardJob", head: str) -> str:
     """`head/_shardflow` when free or holding this job's plan, else `head/_shardflow-<job>-<hash>`.
 
     Storage that cannot be looked at here (no credentials where only the cluster writes the bucket:
     `k8s --no-prepare`) gives `_shardflow`, the name every earlier release used.
     """
     own = join(head, default_run_dir_name(job))
-    shared = join(head, "_shardflow")
+    shared = join(head, DEFAULT_NAME)
     try:
-        if RunDir(own, job.options_for(own)).exists("plan.json"):
+        if RunDir(own, job.options_for(own)).exists(PLAN):
             return own
         rundir = RunDir(shared, job.options_for(shared))
-        if not rundir.exists("plan.json"):
+        if not rundir.exists(PLAN):
             return shared
-        name = rundir.read_json("plan.json").get("job", {}).get("name")
+        name = rundir.read_json(PLAN).get("job", {}).get("name")
     except Exception:  # noqa: BLE001 - unreachable or unreadable: the classic name, decided without looking
         return shared
     return shared if name == job.name else own

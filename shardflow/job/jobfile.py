@@ -35,20 +35,21 @@ from __future__ import annotations
 import copy
 import hashlib
 import inspect
-import json
 import os
 import sys
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 import cloudpickle
 
 from shardflow.errors import JobError
 from shardflow.job import shell_jobfile
-from shardflow.job.shard_job import ShardJob
 from shardflow.job.jobfile_fn import batch_defaults, job_function
+from shardflow.job.overrides import apply_overrides, parse_overrides, parse_value  # noqa: F401 - public here
+from shardflow.job.shard_job import ShardJob
+from shardflow.task.spec import JOB_FILE_KEYS, checked_names
 
 __all__ = [
     "JobFile", "load_job", "load_job_file", "job_from_file", "job_summary", "resolve_job_path", "builtin_jobs",
@@ -61,10 +62,9 @@ _FUNCTION = "process"
 
 
 def job_options() -> tuple[str, ...]:
-    """Names of the ShardJob keyword arguments a job file may set (all but fn, and params: PARAMS)."""
-    params = inspect.signature(ShardJob.__init__).parameters
-    return tuple(name for name, p in params.items() if name not in ("self", "fn", "params")
-                 and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+    """Names of the settings a job file may set (JobSpec's fields but the runtime ones, the function's
+    arguments and params, which is the module's PARAMS)."""
+    return JOB_FILE_KEYS
 
 
 def builtin_jobs() -> dict[str, Path]:
@@ -220,135 +220,6 @@ def _read_conventions(path: Path, module: types.ModuleType) -> JobFile:
     return JobFile(path, module, fn, batch_defaults(module, defaults), params, module.__doc__ or "")
 
 
-# -- overrides -----------------------------------------------------------------------------------
-def parse_value(text: str) -> Any:
-    """A command-line value: JSON when it parses as JSON, else the text itself."""
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
-def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
-    """`["maxcount=100", "labels=[1, 2]"]` -> `{"maxcount": 100, "labels": [1, 2]}` (`--set` values).
-
-    Values are JSON when they parse; the original text is remembered so a PARAMS key whose default
-    is a string gets the text verbatim (`label_key=3` -> "3").
-    """
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise JobError(f"--set {item!r} is not KEY=VALUE")
-        value = parse_value(text)
-        out[key] = _Raw(value, text)
-    return out
-
-
-@dataclass(frozen=True)
-class _Raw:
-    """A parsed command-line value with the text it came from."""
-
-    value: Any
-    text: str
-
-
-def _coerce(key: str, value: Any, default: Any, where: str) -> Any:
-    """Fit a value to the type of the default it replaces (when there is one and it is clear)."""
-    raw = value if isinstance(value, _Raw) else None
-    value = raw.value if raw is not None else value
-    if default is None or value is None:
-        return value
-    if isinstance(default, str):
-        if raw is not None:
-            return raw.text
-        if not isinstance(value, str):
-            raise JobError(f"{where} {key!r} takes text, got {value!r}")
-        return value
-    if isinstance(default, bool):
-        if not isinstance(value, bool):
-            raise JobError(f"{where} {key!r} takes true or false, got {value!r}")
-        return value
-    if isinstance(default, (int, float)) and not isinstance(default, bool):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise JobError(f"{where} {key!r} takes a number, got {value!r}")
-        if isinstance(default, float):
-            return float(value)
-        if isinstance(value, float):
-            if not value.is_integer():
-                raise JobError(f"{where} {key!r} takes an integer, got {value!r}")
-            return int(value)  # 1e4 -> 10000
-        return value
-    if isinstance(default, (list, tuple)):
-        if not isinstance(value, (list, tuple)):
-            raise JobError(f"{where} {key!r} takes a list (JSON, e.g. [1, 2]), got {value!r}")
-        return type(default)(value)
-    if isinstance(default, dict) and not isinstance(value, dict):
-        raise JobError(f"{where} {key!r} takes a dict (JSON, e.g. {{\"a\": 1}}), got {value!r}")
-    return value
-
-
-def _plain(value: Any) -> Any:
-    return value.value if isinstance(value, _Raw) else value
-
-
-def _apply(jobfile: JobFile, settings: dict[str, Any], overrides: Mapping[str, Any]) -> None:
-    """Apply overrides to the job settings (ShardJob kwargs) and to the module's PARAMS, in place."""
-    options = job_options()
-    params = jobfile.params
-    sig = inspect.signature(ShardJob.__init__).parameters
-    for full_key, value in overrides.items():
-        key = full_key
-        target = None
-        if key.startswith("job."):
-            target, key = "job", key[4:]
-        elif key.startswith("params."):
-            target, key = "params", key[7:]
-        head, _, rest = key.partition(".")
-        if target is None:
-            if head in options:
-                target = "job"
-            elif params is not None and head in params:
-                target = "params"
-        if target == "job" and head in options:
-            default = settings.get(head, sig[head].default if head in sig else None)
-            if default is inspect.Parameter.empty:
-                default = None
-            if rest:
-                settings[head] = _set_nested(full_key, settings.get(head), rest, value)
-            else:
-                settings[head] = _coerce(full_key, value, default, "job option")
-            continue
-        if target == "params" and params is not None and head in params:
-            if rest:
-                params[head] = _set_nested(full_key, params[head], rest, value)
-            else:
-                params[head] = _coerce(full_key, value, params[head], "parameter")
-            continue
-        valid = f"job options: {', '.join(options)}"
-        if params:
-            valid += f"; PARAMS of {jobfile.path.name}: {', '.join(params)}"
-        else:
-            valid += f"; {jobfile.path.name} has no PARAMS"
-        raise JobError(f"unknown setting {full_key!r} for job file {jobfile.path}; valid keys are {valid}")
-
-
-def _set_nested(full_key: str, current: Any, path: str, value: Any) -> dict[str, Any]:
-    """`encode.png_compress_level=6`: a copy of the dict `current` with one entry (maybe deep) set."""
-    if current is None:
-        current = {}
-    if not isinstance(current, dict):
-        raise JobError(f"cannot set {full_key!r}: {full_key.split('.')[0]!r} is not a dict")
-    out = dict(current)
-    head, _, rest = path.partition(".")
-    if rest:
-        out[head] = _set_nested(full_key, out.get(head), rest, value)
-    else:
-        out[head] = _coerce(full_key, value, out.get(head), "setting") if head in out else _plain(value)
-    return out
-
-
 def load_job(
     path: str | os.PathLike[str],
     inputs: str | list[str] | None = None,
@@ -373,14 +244,22 @@ def load_job(
 
 
 def job_from_file(jobfile: JobFile, inputs: Any = None, outputs: Any = None,
-                  overrides: Mapping[str, Any] | None = None, **kwargs: Any) -> ShardJob:
-    """The ShardJob of an already loaded JobFile (see load_job). Mutates the module's PARAMS."""
+                  overrides: Mapping[str, Any] | None = None, *, recorded: Mapping[str, Any] | None = None,
+                  **kwargs: Any) -> ShardJob:
+    """The ShardJob of an already loaded JobFile (see load_job). Mutates the module's PARAMS.
+
+    `recorded`: the settings a run directory recorded for this file's job (job.json, written by the
+    driver from the same file and overrides): they replace the file's own, so a pod runs the driver's job.
+    """
     options = job_options()
     unknown = sorted(set(kwargs) - set(options))
     if unknown:
         raise TypeError(f"load_job() got unknown ShardJob arguments: {', '.join(unknown)}")
-    settings: dict[str, Any] = {"name": jobfile.name, **jobfile.defaults}
-    _apply(jobfile, settings, overrides or {})
+    if recorded is not None:
+        settings: dict[str, Any] = dict(checked_names(recorded))
+    else:
+        settings = {"name": jobfile.name, **jobfile.defaults}
+        apply_overrides(jobfile.path, jobfile.params, settings, overrides or {})
     settings.update({k: v for k, v in kwargs.items() if v is not None})
     if inputs is not None:
         settings["inputs"] = inputs

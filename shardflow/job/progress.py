@@ -22,6 +22,7 @@ from typing import Any, Callable, TextIO
 
 from tqdm import tqdm
 
+from shardflow.rundir.layout import summary_beside
 from shardflow.rundir.tasks import Task, TaskResult
 
 DEFAULT_HEARTBEAT_S = 30.0
@@ -142,7 +143,7 @@ def known_total(tasks: list[Task], read_json: Callable[[str], Any], *, max_dirs:
         return None
     counts: dict[str, int] = {}
     for folder in folders:
-        summary = read_json(f"{folder}/_shardflow/summary.json")
+        summary = read_json(summary_beside(folder))
         for entry in (summary or {}).get("shards", []) if isinstance(summary, dict) else []:
             url = str(entry.get("url", ""))
             counts[f"{folder}/{url.rsplit('/', 1)[-1]}"] = int(entry.get("nsamples", 0))

@@ -6,29 +6,41 @@ directory; backends only decide where `run_task(task, job)` executes.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import uuid
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
-from shardflow.errors import DEFAULT_ON_ERROR_JOB, JobError, check_on_error
+from shardflow.errors import JobError
 from shardflow.job import guard
-from shardflow.job.batch_options import BATCHING_SETTINGS, batching_context, check_batching, describe_batching
-from shardflow.task.context import TaskContext
+from shardflow.job.backend_registry import front_end
 from shardflow.job.inputs import input_urls, input_views, job_decoder, views_setting
 from shardflow.job.lazy_plan import table_from_specs
 from shardflow.job.naming import output_names
 from shardflow.rundir.run_dir import RunDir
 from shardflow.rundir.tasks import Task
-from shardflow.task.worker_fn import PerWorker, per_worker
 from shardflow.shards.spec import is_spec
 from shardflow.storage import options as so
 from shardflow.storage.specs import count
+from shardflow.task.context import TaskContext
+from shardflow.task.spec import SETTING_NAMES, UNLIMITED, JobSpec, checked_names, setting_default
+from shardflow.task.worker_fn import PerWorker, SetupCall, per_worker
 
-UNLIMITED = 1 << 62
+__all__ = ["ShardJob", "UNLIMITED"]
+
+# which cached parts of a job stay valid in a copy made by replace(): each with the settings it depends on
+_CACHES = {
+    "_tasks": ("inputs", "outputs", "inputs_per_task"),
+    "_run_dir_url": ("inputs", "outputs", "inputs_per_task", "run_dir", "name"),
+    "_rundir": ("inputs", "outputs", "inputs_per_task", "run_dir", "name", "storage_options"),
+    "_decoder": ("decode", "allow_pickle", "device", "inputs", "storage_options"),
+    "_encoder": ("encode",),
+}
 
 
 class ShardJob:
-    """A per-sample function mapped over input shards into output shards.
+    """A per-sample function mapped over input shards into output shards: `fn` plus a JobSpec.
 
     fn(sample) returns a dict (1:1), None (drop), or an iterable of dicts (1:N, keys unique), or
     raises SkipSample(reason). `outputs` is either a spec with one shard per task (matched by
@@ -39,74 +51,65 @@ class ShardJob:
     once), then the instance is called. `batch_size=N` calls fn with a list of up to N decoded samples
     (`collate=True`: a dict of columns) and takes back a list of samples or a dict of columns
     (task/batch.py). `device` ("cpu", "cuda", "auto") is the device the job asks for (task/devices.py).
+
+    The keywords are the fields of `shardflow.task.spec.JobSpec` (each documented there); a job is a
+    value: read a setting as `job.spec.<name>` (or `job.<name>`), make a variant with
+    `job.replace(name=value)`. Setting an attribute is refused.
     """
 
-    # defaults for jobs pickled by versions without these settings (0.1.0 job.pkl)
-    batch_size: int | None = None
-    collate = False
-    device: str | None = None
-    _per_worker: PerWorker | None = None
-    _identity = ""
+    spec: JobSpec
+    fn: Any
 
-    def __init__(
-        self,
-        fn: Callable[[dict[str, Any]], Any],
-        inputs: str | Sequence[str],
-        outputs: str | Sequence[str],
-        *,
-        decode: str | None = None,
-        encode: dict[str, Any] | None = None,
-        on_error: str = DEFAULT_ON_ERROR_JOB,
-        seed: int = 0,
-        maxcount: int | None = None,
-        maxsize: float | None = None,
-        inputs_per_task: int = 1,
-        run_dir: str | None = None,
-        storage_options: dict[str, Any] | None = None,
-        max_failure_rate: float = 0.5,
-        io_retries: int = 3,
-        retry_backoff: float = 1.0,
-        allow_pickle: bool = False,
-        allow_pipe: bool = False,
-        name: str | None = None,
-        params: dict[str, Any] | None = None,
-        fn_args: Sequence[Any] = (),
-        fn_kwargs: dict[str, Any] | None = None,
-        batch_size: int | None = None,
-        collate: bool = False,
-        device: str | None = None,
-    ) -> None:
-        check_on_error(on_error, error=JobError)
-        if inputs_per_task < 1:
-            raise JobError("inputs_per_task must be >= 1")
+    def __init__(self, fn: Callable[..., Any], inputs: Any = None, outputs: Any = None, *,
+                 spec: JobSpec | None = None, **settings: Any) -> None:
         if not callable(fn) and not isinstance(fn, PerWorker):
             raise JobError(f"fn must be callable, got {type(fn).__name__}")
-        self._per_worker = per_worker(fn, tuple(fn_args), fn_kwargs)  # a class: made once per worker
-        self.batch_size, self.collate, self.device = check_batching(batch_size, collate, device)
-        self._identity = uuid.uuid4().hex  # travels with the pickled job: the per-worker cache key
-        self.fn = fn
-        self.inputs = inputs
-        self.outputs = outputs
-        self.decode = decode
-        self.encode = dict(encode or {})
-        self.on_error = on_error
-        self.seed = seed
-        self.maxcount = int(maxcount) if maxcount else UNLIMITED
-        self.maxsize = float(maxsize) if maxsize else float(UNLIMITED)
-        self.inputs_per_task = inputs_per_task
-        self.storage_options = storage_options
-        self.max_failure_rate = max_failure_rate
-        self.io_retries = io_retries
-        self.retry_backoff = retry_backoff
-        self.allow_pickle = allow_pickle
-        self.allow_pipe = allow_pipe
-        self.name = name or getattr(fn, "__name__", None) or getattr(self._per_worker, "label", "job")
-        self.params = params
-        self._tasks: list[Task] | None = None
-        self._decoder: Callable[[dict[str, Any]], dict[str, Any]] | None = None
-        self._encoder: Callable[[dict[str, Any]], dict[str, Any]] | None = None
-        self._run_dir_url = run_dir
-        self._rundir: RunDir | None = None
+        located = {k: v for k, v in (("inputs", inputs), ("outputs", outputs)) if v is not None}
+        checked_names(settings)
+        spec = (spec or JobSpec()).replace(**located, **settings)
+        made = per_worker(fn, spec.fn_args, spec.fn_kwargs)  # a class: made once per worker
+        if spec.name is None:
+            spec = spec.replace(name=getattr(fn, "__name__", None) or getattr(made, "label", "job"))
+        _set(self, fn=fn, spec=spec, _per_worker=made, _identity=uuid.uuid4().hex, _tasks=None, _decoder=None,
+             _encoder=None, _run_dir_url=spec.run_dir, _rundir=None)
+
+    # -- a value -------------------------------------------------------------------------------
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"a ShardJob is a value: use job.replace({name}=...) for a job with another {name}")
+
+    def __getattr__(self, name: str) -> Any:
+        """Settings read as attributes (`job.decode`): the spec's fields."""
+        if name in SETTING_NAMES and "spec" in self.__dict__:
+            return getattr(self.__dict__["spec"], name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def replace(self, **changes: Any) -> ShardJob:
+        """This job with other settings (`dataclasses.replace` of its spec): trials, debug runs, a run
+        directory bound on a worker. Parts built once (codecs, the plan) are kept where still valid."""
+        new = ShardJob.__new__(ShardJob)
+        spec = self.spec.replace(**changes)
+        made = self._per_worker if not {"fn_args", "fn_kwargs"} & set(changes) else \
+            per_worker(self.fn, spec.fn_args, spec.fn_kwargs)
+        identity = self._identity if made is self._per_worker else uuid.uuid4().hex
+        kept = {name: getattr(self, name) if not set(depends) & set(changes) else None
+                for name, depends in _CACHES.items()}
+        if kept["_run_dir_url"] is None:
+            kept["_run_dir_url"] = spec.run_dir
+        _set(new, fn=self.fn, spec=spec, _per_worker=made, _identity=identity, **kept)
+        return new
+
+    def at_run_dir(self, run_dir: RunDir) -> ShardJob:
+        """This job using `run_dir`: this process may reach the run directory by another URL or with other
+        options than the process that planned the job (a pod, a Dask worker)."""
+        bound = self.replace(run_dir=run_dir.url)
+        _set(bound, _rundir=run_dir)
+        return bound
+
+    def with_plan(self, tasks: list[Task]) -> ShardJob:
+        """This job over an explicit list of tasks instead of the plan its specs give (trials)."""
+        planned = self.replace()
+        _set(planned, _tasks=list(tasks))
+        return planned
 
     # pickled to workers: leave caches behind, they are cheap to rebuild
     def __getstate__(self) -> dict[str, Any]:
@@ -115,10 +118,16 @@ class ShardJob:
         state["_rundir"] = None
         return state
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Jobs pickled before the job was a value (0.1.0 and 0.2 job.pkl: every setting an attribute)."""
+        if "spec" not in state:
+            state = _spec_from_attributes(state)
+        self.__dict__.update(state)
+
     # -- where things go -----------------------------------------------------------------------
     def options_for(self, url: str) -> dict[str, Any]:
         """storage_options for `url`: flat, per-prefix (longest prefix wins), `${VAR}` resolved."""
-        return so.options_for(url, self.storage_options)
+        return so.options_for(url, self.spec.storage_options)
 
     @property
     def run_dir(self) -> str:
@@ -126,92 +135,83 @@ class ShardJob:
         `_shardflow-<job>-<hash>` there when `_shardflow` holds another job's plan: job.guard)."""
         if self._run_dir_url is None:
             first = self.plan()[0].output
-            self._run_dir_url = guard.default_run_dir(self, first.rpartition("/")[0] or ".")
+            _set(self, _run_dir_url=guard.default_run_dir(self, first.rpartition("/")[0] or "."))
         return self._run_dir_url
 
     def rundir(self) -> RunDir:
         if self._rundir is None:
-            self._rundir = RunDir(self.run_dir, self.options_for(self.run_dir))
+            _set(self, _rundir=RunDir(self.run_dir, self.options_for(self.run_dir)))
         return self._rundir
 
-    def bind_run_dir(self, run_dir: RunDir) -> None:
-        """Use `run_dir` (this process may reach the run directory by another URL or other options
-        than the process that planned the job: a pod, a Dask worker)."""
-        self._run_dir_url = run_dir.url
-        self._rundir = run_dir
-
     def task_context(self) -> TaskContext:
-        """What run_task reads: the job's current settings with its cached codecs and run directory."""
-        return TaskContext(
-            run_dir=self.rundir(), run_dir_url=self.run_dir, decoder=self.make_decoder(),
-            encoder=self.make_encoder(), on_error=self.on_error, seed=self.seed, maxcount=self.maxcount,
-            maxsize=self.maxsize, max_failure_rate=self.max_failure_rate, io_retries=self.io_retries,
-            retry_backoff=self.retry_backoff, allow_pipe=self.allow_pipe, storage_options=self.storage_options,
-            debug=getattr(self, "debug", False), limit=getattr(self, "limit", None),
-            **batching_context(self),
-        )
+        """What run_task reads: the spec with the function, the cached codecs and the run directory."""
+        return TaskContext(spec=self.spec, fn=self.fn if self._per_worker is None else self._per_worker,
+                           run_dir=self.rundir(), run_dir_url=self.run_dir, decoder=self.make_decoder(),
+                           encoder=self.make_encoder(), identity=self._identity)
 
     # -- the plan ------------------------------------------------------------------------------
     def plan(self) -> list[Task]:
         """The tasks of this job, computed once (one listing per input glob)."""
         if self._tasks is None:
-            inputs = input_urls(self.inputs, self.options_for(_first(self.inputs)))  # or a dataset spec
-            groups = [inputs[i : i + self.inputs_per_task] for i in range(0, len(inputs), self.inputs_per_task)]
-            self._tasks = [
+            spec = self.spec
+            inputs = input_urls(spec.inputs, self.options_for(_first(spec.inputs)))  # or a dataset spec
+            per = spec.inputs_per_task
+            groups = [inputs[i : i + per] for i in range(0, len(inputs), per)]
+            _set(self, _tasks=[
                 Task(task_id, tuple(group), output, parts)
-                for task_id, (group, (output, parts)) in enumerate(zip(groups, output_names(self.outputs, groups)))
-            ]
+                for task_id, (group, (output, parts)) in enumerate(zip(groups, output_names(spec.outputs, groups)))
+            ])
         return self._tasks
 
     def task_count(self) -> int:
         """len(plan()), without building the tasks when plan() has not run (manifests of 1M tasks)."""
         if self._tasks is not None:
             return len(self._tasks)
-        return -(-count(self.inputs, self.options_for(_first(self.inputs))) // self.inputs_per_task)
+        spec = self.spec
+        return -(-count(spec.inputs, self.options_for(_first(spec.inputs))) // spec.inputs_per_task)
 
     def describe(self) -> dict[str, Any]:
-        """JSON-safe description of the job for plan.json (no credentials: storage options left out)."""
-        return {
-            "name": self.name, "fn": f"{getattr(self.fn, '__module__', '?')}.{getattr(self.fn, '__qualname__', '?')}",
-            "decode": self.decode, "encode": self.encode, "on_error": self.on_error, "seed": self.seed,
-            "maxcount": None if self.maxcount == UNLIMITED else self.maxcount,
-            "maxsize": None if self.maxsize >= UNLIMITED else self.maxsize,
-            "inputs_per_task": self.inputs_per_task, "max_failure_rate": self.max_failure_rate,
-            "params": self.params, **describe_batching(self),
-        }
+        """JSON-safe description of the job for plan.json (JobSpec.describe and the function's name)."""
+        return {"fn": self.fn_name(), **self.spec.describe()}
+
+    def fn_name(self) -> str:
+        """module.qualname of the function (for a class or a job file's setup(): what it makes)."""
+        made = self._per_worker
+        target = self.fn if made is None else (made.args[1] if made.factory is SetupCall else made.factory)
+        label = made.label if made is not None else "?"
+        return f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', label)}"
 
     def settings(self) -> dict[str, Any]:
         """The settings that shape the output bytes; with the tasks they make the plan's fingerprint, so a
         rerun into the same run directory with another decode/encode/seed/rollover/params is refused
         (unless forced) instead of mixing old and new outputs. Policies (on_error, retries) are left out."""
-        described = self.describe()
-        keys = ("decode", "encode", "seed", "maxcount", "maxsize", "inputs_per_task", "params",
-                *BATCHING_SETTINGS.intersection(described))
-        chosen = {k: described[k] for k in keys}
-        if is_spec(self.inputs):  # the collections' views shape the outputs too
-            chosen["views"] = views_setting(input_views(self.inputs, self.options_for(_first(self.inputs))))
-        return json.loads(json.dumps(chosen, sort_keys=True, default=repr))
+        chosen = self.spec.settings()
+        if is_spec(self.spec.inputs):  # the collections' views shape the outputs too
+            views = input_views(self.spec.inputs, self.options_for(_first(self.spec.inputs)))
+            chosen["views"] = json.loads(json.dumps(views_setting(views), sort_keys=True, default=repr))
+        return chosen
 
     # -- codecs --------------------------------------------------------------------------------
     # Built once in the process that defines the job and pickled with it: codecs copy the registry
     # when created, so codecs the user registered in the main process reach every worker.
     def make_decoder(self) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
-        if self.decode is None and not is_spec(self.inputs):
+        spec = self.spec
+        if spec.decode is None and not is_spec(spec.inputs):
             return None
         if self._decoder is None:
             from shardflow.codecs.gpu import make_decoder
 
-            inner = (make_decoder(self.decode, allow_pickle=self.allow_pickle, device=self.device)
-                     if self.decode is not None else None)
+            inner = (make_decoder(spec.decode, allow_pickle=spec.allow_pickle, device=spec.device)
+                     if spec.decode is not None else None)
             # a dataset spec's extensions / rename apply first (job/inputs.py)
-            self._decoder = job_decoder(self.inputs, self.options_for(_first(self.inputs)), inner)
+            _set(self, _decoder=job_decoder(spec.inputs, self.options_for(_first(spec.inputs)), inner))
         return self._decoder
 
     def make_encoder(self) -> Callable[[dict[str, Any]], dict[str, Any]]:
         if self._encoder is None:
             from shardflow.codecs import Encoder
 
-            self._encoder = Encoder(**self.encode)
+            _set(self, _encoder=Encoder(**self.spec.encode))
         return self._encoder
 
     # -- running -------------------------------------------------------------------------------
@@ -223,12 +223,15 @@ class ShardJob:
         `overwrite`) and a run directory planned with other code (unless `redo` or `resume_anyway`):
         see job.guard.
         """
+        from shardflow.job.jobrecord import save_job
+
         self.make_decoder()
         self.make_encoder()
         run_dir = self.rundir()
         run_dir.remove_stale_temps()  # a driver killed mid-write of a marker leaves one behind
         # a brace range with an output pattern is stored as a table: 1M tasks never become 1M JSON objects
-        table = None if self._tasks is not None else table_from_specs(self.inputs, self.outputs, self.inputs_per_task)
+        spec = self.spec
+        table = None if self._tasks is not None else table_from_specs(spec.inputs, spec.outputs, spec.inputs_per_task)
         if table is None:
             tasks = self.plan()
             guard.check_not_in_place(tasks)
@@ -240,11 +243,12 @@ class ShardJob:
         planned: dict[str, Any] = {"table": table} if table is not None else {"tasks": tasks}
         run_dir.init_plan({"job": self.describe(), **planned, "settings": self.settings(), "code": code}, force=force)
         guard.check_code(self, run_dir, redo=redo or force, resume_anyway=resume_anyway, overwrite=overwrite)
-        run_dir.save_job(self)
+        save_job(run_dir, self)
         return run_dir
 
-    def run(self, backend: str = "processes", **options: Any):
-        """Run the pending tasks on a backend ("serial", "processes", "dask"); returns a RunReport."""
+    def run(self, backend: str = "processes", **options: Any) -> Any:
+        """Run the pending tasks on a backend ("serial", "processes", "dask", or any registered one);
+        returns a RunReport (job/driver.py)."""
         from shardflow.job.driver import run_job
 
         return run_job(self, backend, **options)
@@ -255,18 +259,52 @@ class ShardJob:
         Options: parallelism, tasks_per_pod, cpu, memory, secrets, env, namespace, name, ... (see
         shardflow.cluster.manifests.ClusterOptions and docs/kubernetes.md).
         """
-        from shardflow.cluster.manifests import render
-
-        return render(self, "kubernetes", image, prepare=prepare, **options)
+        return front_end("kubernetes")(self, "kubernetes", image, prepare=prepare, **options)
 
     def to_argo(self, image: str, *, prepare: bool = True, **options: Any) -> str:
         """YAML of an Argo Workflow running this job (same options as to_kubernetes)."""
-        from shardflow.cluster.manifests import render
+        return front_end("argo")(self, "argo", image, prepare=prepare, **options)
 
-        return render(self, "argo", image, prepare=prepare, **options)
+    def __repr__(self) -> str:
+        return f"ShardJob({self.fn_name()}, {self.spec!r})"
+
+
+def _set(job: ShardJob, **values: Any) -> None:
+    """Fill a job's own slots (construction, caches): the one way around the value's __setattr__."""
+    job.__dict__.update(values)
+
+
+def _spec_from_attributes(state: dict[str, Any]) -> dict[str, Any]:
+    """The state of a job pickled with every setting as an attribute, as (fn, spec, caches)."""
+    state = dict(state)
+    settings = {name: state.pop(name) for name in SETTING_NAMES if name in state}
+    for name in ("maxcount", "maxsize"):
+        if settings.get(name) is not None and settings[name] >= UNLIMITED:
+            settings[name] = None
+    state["spec"] = JobSpec(**settings)
+    state.setdefault("_per_worker", None)
+    state.setdefault("_identity", "")
+    state.setdefault("_run_dir_url", settings.get("run_dir"))
+    return state
 
 
 def _first(spec: Any) -> str:
     if isinstance(spec, str):
         return spec
     return "" if not spec or isinstance(spec, dict) else spec[0]
+
+
+def _signature() -> inspect.Signature:
+    """ShardJob(fn, inputs, outputs, *, <every JobSpec field>): what help() and editors show, derived from
+    the spec's fields rather than written out a second time."""
+    kind = inspect.Parameter.KEYWORD_ONLY
+    params = [inspect.Parameter("fn", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+              inspect.Parameter("inputs", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None),
+              inspect.Parameter("outputs", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None)]
+    params += [inspect.Parameter(f.name, kind, default=setting_default(f.name), annotation=f.type)
+               for f in dataclasses.fields(JobSpec) if f.name not in ("inputs", "outputs")]
+    params.append(inspect.Parameter("spec", kind, default=None, annotation="JobSpec | None"))
+    return inspect.Signature(params)
+
+
+ShardJob.__signature__ = _signature()  # type: ignore[attr-defined]

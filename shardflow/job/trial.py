@@ -1,6 +1,6 @@
 """Trying a job on a few samples (`--limit N`): a scratch run that never mixes with the real one.
 
-`trial_job(job, limit, tasks=None)` is a copy of the job whose first `tasks` tasks (all by default)
+`trial_job(job, limit, tasks=None)` is the job (job.replace, limit set) whose first `tasks` tasks (all by default)
 stop after `limit` input samples each and write into `<outputs folder>/_shardflow-limit-<job>/`:
 shards under `shards/` (the real output names), the run directory under `run/`. Every trial starts
 afresh (the scratch run directory is reset), so it always shows what the current code does; the real
@@ -9,18 +9,20 @@ run directory and outputs are not read or written.
 
 from __future__ import annotations
 
-import copy
-from typing import Any
+from typing import TYPE_CHECKING
 
 from shardflow.errors import JobError
 from shardflow.rundir.run_dir import RunDir
 from shardflow.rundir.tasks import Task
 from shardflow.storage.paths import join
 
+if TYPE_CHECKING:
+    from shardflow.job.shard_job import ShardJob
+
 SCRATCH_PREFIX = "_shardflow-limit-"
 
 
-def scratch_folder(job: Any) -> str:
+def scratch_folder(job: ShardJob) -> str:
     """Where the trials of `job` write: a folder beside its (first) output."""
     first = job.plan()[0].output
     name = "".join(c if c.isalnum() or c in "-_" else "_" for c in str(job.name))[:40] or "job"
@@ -31,8 +33,8 @@ def _base(url: str) -> str:
     return url.rpartition("/")[2]
 
 
-def trial_job(job: Any, limit: int, tasks: int | None = None) -> Any:
-    """A copy of `job` limited to `limit` samples per task over its first `tasks` tasks, writing to scratch."""
+def trial_job(job: ShardJob, limit: int, tasks: int | None = None) -> ShardJob:
+    """`job` limited to `limit` samples per task over its first `tasks` tasks, writing to scratch."""
     if limit < 1:
         raise JobError("limit must be >= 1 sample per task")
     planned = job.plan()
@@ -42,20 +44,18 @@ def trial_job(job: Any, limit: int, tasks: int | None = None) -> Any:
     chosen = planned[: tasks or len(planned)]
     names = [_base(t.output) for t in chosen]
     unique = len(set(names)) == len(names)  # outputs in several folders may share base names
-    trial = copy.copy(job)
-    trial._tasks = [
+    scratch = [
         Task(t.id, t.inputs, join(folder, _base(t.output) if unique else f"{t.id:06d}-{_base(t.output)}"),
              join(folder, _base(t.output_parts) if unique else f"{t.id:06d}-{_base(t.output_parts)}"))
         for t in chosen
     ]
-    trial.inputs = [u for t in chosen for u in t.inputs]  # a prefix of the plan: plan() gives these tasks again
-    trial.outputs = [t.output for t in trial._tasks]
-    trial.limit = limit
-    trial.bind_run_dir(RunDir(join(scratch_folder(job), "run"), job.options_for(scratch_folder(job))))
-    return trial
+    run_dir = RunDir(join(scratch_folder(job), "run"), job.options_for(scratch_folder(job)))
+    # inputs: a prefix of the plan, so that a rebuilt plan gives these tasks again
+    trial = job.replace(inputs=[u for t in chosen for u in t.inputs], outputs=[t.output for t in scratch], limit=limit)
+    return trial.at_run_dir(run_dir).with_plan(scratch)
 
 
-def prepare_trial(job: Any, limit: int, tasks: int | None = None) -> tuple[Any, RunDir]:
+def prepare_trial(job: ShardJob, limit: int, tasks: int | None = None) -> tuple[ShardJob, RunDir]:
     """The trial job and its freshly reset scratch run directory, plan written."""
     trial = trial_job(job, limit, tasks)
     run_dir = trial.prepare(force=True, redo=True, overwrite=True)

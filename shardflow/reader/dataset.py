@@ -25,9 +25,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-from typing import Any, Callable, Iterable, Iterator, Sequence
+import inspect
+from typing import Any, Iterator, Sequence
 
-import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from shardflow.codecs.planes import limit_threads
@@ -38,7 +38,7 @@ from shardflow.reader.layout import Layout
 from shardflow.reader.mix import load_shards
 from shardflow.reader.place import ImagePlacer
 from shardflow.reader.prepare import SampleDecoders, SamplePreparer
-from shardflow.reader.settings import ReaderSettings
+from shardflow.reader.settings import OPTION_NAMES, ReaderOptions, ReaderSettings, option_help
 from shardflow.reader.shard_source import ShardSource
 from shardflow.reader.shm import Ring, RingConfig
 from shardflow.reader.split import Assignment
@@ -56,10 +56,11 @@ from shardflow.storage.locate import current_locator
 
 
 class _Setting:
-    """A ShardDataset attribute backed by a field of its ReaderSettings. Assigning to it (as code
-    written for the old plain attributes does, e.g. `ds.gpu_decode = True`) replaces the settings."""
+    """A ShardDataset attribute backed by a field of its ReaderSettings (one per field, set below the
+    class). Assigning to it (as code written for the old plain attributes does, e.g.
+    `ds.gpu_decode = True`) replaces the settings (dataclasses.replace)."""
 
-    def __set_name__(self, owner: type, name: str) -> None:
+    def __init__(self, name: str) -> None:
         self.name = name
 
     def __get__(self, obj: Any, objtype: type | None = None) -> Any:
@@ -73,110 +74,44 @@ class ShardDataset(IterableDataset):
     """Samples (or batches) of WebDataset tar shards from any fsspec URL, split across ranks and
     DataLoader workers so that an epoch delivers every sample once.
 
-    Parameters
+    ShardDataset(spec, *, manifest=None, rewrite=None, mirror=None, **options)
     - spec: shard spec (brace pattern, glob, list, `a::b`; see shardflow.storage.specs.expand), or a
       dataset spec (`train.yaml`/`.json` or a dict) whose collections are mixed (see reader/mix.py).
-    - decode: image spec for codecs.Decoder (`"torchrgb8"`, `"torchrgb"`, `"rgb8"`, `"pil"`, ... or None
-      for raw bytes). `"torchrgb8-gpu"` (or `gpu_decode=True`) decodes JPEGs on the GPU in batches in
-      the main process (Loader, or in-process iteration); without a GPU it warns and decodes on CPU.
-    - only, allow_pickle: passed to the Decoder.
-    - shuffle: shuffle-buffer size in samples (True: 1000; 0/False: keep order). The buffer holds raw
-      (still encoded) samples. shardshuffle: shuffle the shard order per epoch (default: shuffle > 0).
-    - batch_size: batch inside each worker (whole batches cross the process boundary); partial: keep
-      each worker's last incomplete batch; collate: custom collate function (default `collate`).
-    - seed, set_epoch(e): the order is a function of (seed, epoch, rank, worker); seed=None picks one.
-    - resampled: draw shards with replacement forever (epoch_size then bounds an epoch).
-    - epoch_size: samples per epoch over all ranks (fixes the count, for len() and resampled streams).
-    - equalize: None, "drop" or "pad": the same number of samples (and batches) on every rank.
-    - map: fn(sample) -> sample or None (drop); raise SkipSample to skip and count.
-    - to_tuple: fields to return as a tuple, e.g. "jpg;png cls" ("a;b" = first present).
     - manifest: sample counts per shard; None: use `<dir of first shard>/_shardflow/summary.json` if
       it lists every shard; a run-dir/summary.json URL; a list of ShardInfo dicts; False: never.
+    - rewrite ("PREFIX=REPLACEMENT" rules), mirror (a directory of local copies): where shards are
+      really read from, before the process's own rules (see docs/specs.md).
+    - options: the fields of ReaderOptions (reader/settings.py), listed below with their defaults; an
+      unknown keyword is a TypeError. `ds.<option>` reads the resolved value (ds.settings); assigning
+      one replaces ds.settings.
+
+    spec, manifest, rewrite and mirror are not ReaderOptions: they say which shards there are, how many
+    samples each holds and where it is really read from, not how to read them. They are resolved once,
+    here (the manifest loaded, the process's location rules taken with rewrite/mirror added), and what
+    they resolve to (urls, the manifest, a Locator) travels with the dataset, not in its settings.
+
+    Notes on the options
+    - decode `"torchrgb8-cuda"` (or `gpu_decode=True`) decodes JPEGs on the GPU in batches in the main
+      process (Loader, or in-process iteration); without a GPU it warns and decodes on CPU.
+    - the shuffle buffer holds raw (still encoded) samples; set_epoch(e) picks the epoch of the order.
     - channels_last: image batches of torch uint8 specs come as (B, C, H, W) tensors in channels-last
       memory (`batch.is_contiguous(memory_format=torch.channels_last)`): the decoded HWC pixels are
       copied into the batch as they are, skipping the HWC -> CHW transposition (a quarter of the
       decode cost at 256x256). Same values; use `.reshape`, not `.view`, on them.
-    - rewrite ("PREFIX=REPLACEMENT" rules), mirror (a directory of local copies): where shards are
-      really read from, before the process's own rules (see docs/specs.md).
-    - storage_options: fsspec options (flat or per URL prefix). cache_dir/cache_size: local LRU cache
-      of remote shards.
-    - on_error: "raise", "skip" or "warn" (skip and warn) for bad samples and damaged shards. A shard
-      that cannot be opened (missing) is always an error naming it.
-    - split_by_node / split_by_worker, rank / world_size: override the splitting (default: split by
+    - on_error applies to bad samples and damaged shards; a shard that cannot be opened (missing) is
+      always an error naming it.
+    - split_by_node / split_by_worker, rank / world_size override the splitting (default: split by
       torch.distributed rank when initialised, else the RANK/WORLD_SIZE environment, and by worker).
     """
 
     _worker_ring: Ring | None = None  # in a Loader's worker: its ring, kept while the worker lives
 
-    # the options, as attributes (see ReaderSettings)
-    decode = _Setting()
-    only = _Setting()
-    allow_pickle = _Setting()
-    gpu_decode = _Setting()
-    device = _Setting()
-    channels_last = _Setting()
-    map = _Setting()
-    to_tuple = _Setting()
-    shuffle = _Setting()
-    shardshuffle = _Setting()
-    seed = _Setting()
-    resampled = _Setting()
-    epoch_size = _Setting()
-    equalize = _Setting()
-    batch_size = _Setting()
-    partial = _Setting()
-    collate_fn = _Setting()
-    split_by_node = _Setting()
-    split_by_worker = _Setting()
-    on_error = _Setting()
-    storage_options = _Setting()
-    allow_pipe = _Setting()
-    cache_dir = _Setting()
-    cache_size = _Setting()
+    # the options as attributes (`ds.batch_size`): _Setting descriptors, one per ReaderSettings field
 
-    def __init__(
-        self,
-        spec: str | Sequence[str],
-        *,
-        decode: str | None = "torchrgb8",
-        only: Iterable[str] | str | None = None,
-        allow_pickle: bool = False,
-        shuffle: int | bool = 0,
-        shardshuffle: bool | None = None,
-        batch_size: int | None = None,
-        partial: bool = True,
-        collate: Callable[[list[Any]], Any] | None = None,
-        seed: int | None = 0,
-        resampled: bool = False,
-        epoch_size: int | None = None,
-        equalize: str | None = None,
-        map: Callable[[dict[str, Any]], Any] | None = None,  # noqa: A002 (webdataset's name)
-        to_tuple: str | Sequence[str] | None = None,
-        manifest: Any = None,
-        storage_options: dict[str, Any] | None = None,
-        cache_dir: str | None = None,
-        cache_size: int | str = "20GB",
-        on_error: str = "warn",
-        split_by_node: bool = True,
-        split_by_worker: bool = True,
-        rank: int | None = None,
-        world_size: int | None = None,
-        gpu_decode: bool = False,
-        device: str | torch.device = "cuda",
-        channels_last: bool = False,
-        allow_pipe: bool = False,
-        rewrite: Sequence[str] | str | None = None,
-        mirror: str | None = None,
-    ) -> None:
+    def __init__(self, spec: str | Sequence[str], *, manifest: Any = None, rewrite: Sequence[str] | str | None = None,
+                 mirror: str | None = None, **options: Any) -> None:
         super().__init__()
-        settings = ReaderSettings.from_options(
-            decode=decode, only=only, allow_pickle=allow_pickle, shuffle=shuffle, shardshuffle=shardshuffle,
-            batch_size=batch_size, partial=partial, collate=collate, seed=seed, resampled=resampled,
-            epoch_size=epoch_size, equalize=equalize, map=map, to_tuple=to_tuple, storage_options=storage_options,
-            cache_dir=cache_dir, cache_size=cache_size, on_error=on_error, split_by_node=split_by_node,
-            split_by_worker=split_by_worker, rank=rank, world_size=world_size, gpu_decode=gpu_decode,
-            device=device, channels_last=channels_last, allow_pipe=allow_pipe,
-        )
+        settings = ReaderSettings.from_options(_reader_options(options))
         # rewrite= / mirror= add to the process's rules and mirror (storage/locate.py), for this dataset
         self._locator = current_locator(rewrite, mirror) if rewrite or mirror else None
         self._decoders = SampleDecoders.create(settings)  # now: a Decoder snapshots the registered codecs
@@ -377,3 +312,42 @@ class ShardDataset(IterableDataset):
             except ValueError:
                 pass
         return state
+
+
+def _reader_options(given: dict[str, Any]) -> ReaderOptions:
+    """ShardDataset's keywords as ReaderOptions; an unknown one is a TypeError naming it (as Python's own)."""
+    unknown = sorted(set(given) - set(OPTION_NAMES))
+    if unknown:
+        s = "s" if len(unknown) > 1 else ""
+        raise TypeError(f"ShardDataset() got unexpected keyword argument{s} {', '.join(map(repr, unknown))}; "
+                        f"valid: spec, {', '.join(_EXPLICIT)}, {', '.join(OPTION_NAMES)}")
+    return ReaderOptions(**given)
+
+
+_EXPLICIT = ("manifest", "rewrite", "mirror")  # ShardDataset's keywords that are not ReaderOptions
+
+
+def _signature(written: inspect.Signature) -> inspect.Signature:
+    """`written` (__init__'s own: self, spec, the explicit keywords, **options) with **options replaced
+    by every ReaderOptions field and its default: what help() and editors show, derived from the
+    fields rather than written out a second time."""
+    params = [p for p in written.parameters.values() if p.kind is not p.VAR_KEYWORD and p.name not in _EXPLICIT]
+    params += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
+               for f in dataclasses.fields(ReaderOptions)]
+    params += [written.parameters[name] for name in _EXPLICIT]
+    return written.replace(parameters=params)
+
+
+def _options_doc() -> str:
+    lines = [f"    - {f.name}={f.default!r}: {option_help(f.name)}" for f in dataclasses.fields(ReaderOptions)]
+    return "\n    Options (ReaderOptions)\n" + "\n".join(lines) + "\n"
+
+
+for _field in dataclasses.fields(ReaderSettings):
+    if _field.name != "rank_world":  # ShardDataset.rank_world() is a method: the resolved rank and world size
+        setattr(ShardDataset, _field.name, _Setting(_field.name))
+_init = _signature(inspect.signature(ShardDataset.__init__))
+ShardDataset.__init__.__signature__ = _init  # type: ignore[attr-defined]
+ShardDataset.__signature__ = _init.replace(parameters=list(_init.parameters.values())[1:])  # type: ignore[attr-defined]
+if ShardDataset.__doc__:  # (None under python -OO)
+    ShardDataset.__doc__ += _options_doc()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from shardflow.errors import ShardIOError
+from shardflow.rundir.layout import SUMMARY, summary_beside
 from shardflow.storage.paths import is_local, join, local_path
 from shardflow.storage.schemes import open_read
 
@@ -42,7 +43,7 @@ class ShardManifest:
 
 def summary_url(shard_url: str) -> str:
     """Where a job's run directory keeps the manifest of the shards beside `shard_url`."""
-    return join(_dirname(shard_url), "_shardflow", "summary.json")
+    return summary_beside(_dirname(shard_url))
 
 
 def load_manifest(
@@ -85,7 +86,7 @@ def _read_entries(
     else:
         source = str(manifest)
         if not source.endswith(".json"):
-            source = join(source, "summary.json")
+            source = join(source, SUMMARY)
     try:
         data = _read_json(source, storage_options)
     except (ShardIOError, OSError, ValueError) as exc:

@@ -94,14 +94,9 @@ def fingerprint(values: Sequence[str]) -> str:
 
 
 def order_config(settings: ReaderSettings, counts: Sequence[int] | None) -> dict[str, Any]:
-    """The parameters (besides shards, seed and layout) that a worker's sequence depends on."""
-    s = settings
-    return {
-        "shuffle": s.shuffle, "shardshuffle": s.shardshuffle, "batch_size": s.batch_size,
-        "partial": s.partial, "equalize": s.equalize, "epoch_size": s.epoch_size,
-        "resampled": s.resampled, "split_by_node": s.split_by_node, "split_by_worker": s.split_by_worker,
-        "counts": fingerprint([str(n) for n in counts]) if counts is not None else None,
-    }
+    """The parameters (besides shards, seed and layout) that a worker's sequence depends on: the options
+    ReaderOptions marks `order` (ReaderSettings.order) and the sample counts."""
+    return {**settings.order(), "counts": fingerprint([str(n) for n in counts]) if counts is not None else None}
 
 
 @dataclass(frozen=True)

@@ -47,9 +47,6 @@ def _user() -> str:
         return "?"
 
 
-    return True
-
-
 def describe_holder(record: dict[str, Any], now: float | None = None) -> str:
     """'user@host pid 123 (expires in 41 s)' for messages."""
     now = time.time() if now is None else now

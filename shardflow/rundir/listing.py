@@ -12,18 +12,13 @@ import json
 import os
 from typing import Any, Callable, Iterator
 
+from shardflow.rundir.layout import OWN_FOLDERS, SUMMARIES, task_name  # noqa: F401 - names callers import here
 from shardflow.storage.atomic import is_own_temp
-from shardflow.storage.paths import fs_protocols
+from shardflow.storage.protocols import protocol_of_fs
 
 TEMP_TAG = "sfrun"  # the tag in run-directory temp names: `.<name>.tmp-sfrun-<12 hex>`
-SUMMARIES = "summaries"  # per-chunk summaries (rundir.summaries)
-OWN_FOLDERS = ("", "done", "failed", "errors", SUMMARIES, "plan")  # every folder a run directory writes
 READ_BATCH = 1_000  # files fetched concurrently at a time from object stores
 
-
-def task_name(task_id: int) -> str:
-    """The file stem of task `task_id` in done/, failed/, errors/: 000017."""
-    return f"{task_id:06d}"
 
 
 def list_folder(fs: Any, path: str, *, local: bool) -> list[str]:
@@ -64,7 +59,7 @@ def iter_files(fs: Any, paths: list[str], *, local: bool, parse: bool = True) ->
 def cat_options(fs: Any) -> dict[str, Any]:
     """Keyword arguments for reading a small file in one request: s3fs would first HEAD every file to
     decide whether to fetch it in parallel ranges (two requests per marker)."""
-    return {"max_concurrency": 1} if "s3" in fs_protocols(fs) else {}
+    return {"max_concurrency": 1} if protocol_of_fs(fs).cat_in_one_request else {}
 
 
 def read_files(fs: Any, paths: list[str], *, local: bool, parse: bool = True) -> list[Any]:

@@ -12,14 +12,24 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Protocol
 
+from shardflow.rundir.layout import PLAN
 from shardflow.rundir.plan_table import TaskTable, as_json
 from shardflow.rundir.tasks import Task
 from shardflow.storage.options import redact_urls_deep
 
-if TYPE_CHECKING:
-    from shardflow.rundir.run_dir import RunDir
+
+class PlanFiles(Protocol):
+    """The three file operations the plan store needs of a run directory (RunDir has them); typed so
+    rather than as RunDir, which calls this module: no import cycle between the two."""
+
+    def read_json(self, name: str) -> Any: ...
+
+    def write_json(self, name: str, value: Any) -> None: ...
+
+    def write_bytes(self, name: str, data: bytes) -> None: ...
+
 
 PLAN_VERSION = 2
 PLAN_CHUNK = 1_000  # tasks per plan/chunk-NNNNNN.json
@@ -60,7 +70,7 @@ def chunk_name(chunk: int) -> str:
     return f"plan/chunk-{chunk:06d}.json"
 
 
-def store_plan(run_dir: "RunDir", plan: dict[str, Any], fingerprint: str) -> None:
+def store_plan(run_dir: PlanFiles, plan: dict[str, Any], fingerprint: str) -> None:
     """Write `plan` (its "tasks": Task objects or their JSON, or its "table": job.lazy_plan) in the version-2
     layout: chunk files first, plan.json last. Tasks become JSON one at a time, never all at once."""
     table: dict[str, Any] | None = plan.get("table")
@@ -81,7 +91,7 @@ def store_plan(run_dir: "RunDir", plan: dict[str, Any], fingerprint: str) -> Non
             chunk = [redact_urls_deep(as_json(t)) for t in tasks[start : start + PLAN_CHUNK]]  # no URL passwords
             run_dir.write_bytes(chunk_name(start // PLAN_CHUNK), _dumps(chunk).encode())
     stored["table"] = table
-    run_dir.write_json("plan.json", stored)
+    run_dir.write_json(PLAN, stored)
 
 
 def task_count(plan: dict[str, Any]) -> int:
@@ -89,7 +99,7 @@ def task_count(plan: dict[str, Any]) -> int:
     return int(plan["task_count"]) if "task_count" in plan else len(plan.get("tasks", []))
 
 
-def load_tasks(run_dir: "RunDir", plan: dict[str, Any], ids: Iterable[int]) -> Iterator[Task]:
+def load_tasks(run_dir: PlanFiles, plan: dict[str, Any], ids: Iterable[int]) -> Iterator[Task]:
     """The tasks `ids` of a stored plan, reading only what they need (any version)."""
     if "task_count" not in plan:  # version 1: every task in plan.json
         tasks = plan.get("tasks", [])
@@ -99,7 +109,7 @@ def load_tasks(run_dir: "RunDir", plan: dict[str, Any], ids: Iterable[int]) -> I
     return _from_chunks(run_dir, plan, ids)
 
 
-def _from_chunks(run_dir: "RunDir", plan: dict[str, Any], ids: Iterable[int]) -> Iterator[Task]:
+def _from_chunks(run_dir: PlanFiles, plan: dict[str, Any], ids: Iterable[int]) -> Iterator[Task]:
     per = int(plan.get("plan_chunk", PLAN_CHUNK))
     loaded: dict[int, list[dict[str, Any]]] = {}
     for task_id in ids:
@@ -110,6 +120,6 @@ def _from_chunks(run_dir: "RunDir", plan: dict[str, Any], ids: Iterable[int]) ->
         yield Task.from_json(loaded[chunk][task_id - chunk * per])
 
 
-def task_jsons(run_dir: "RunDir", plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def task_jsons(run_dir: PlanFiles, plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """Every task of a stored plan as JSON, in order (for the refusal message of a different plan)."""
     return (t.to_json() for t in load_tasks(run_dir, plan, range(task_count(plan))))

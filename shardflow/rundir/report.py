@@ -7,7 +7,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardflow.rundir.run_dir import RunDir, task_name
+from shardflow.rundir.layout import SUMMARY, done_file, errors_file
+from shardflow.rundir.run_dir import RunDir
 from shardflow.rundir.stats import Stats
 from shardflow.rundir.summaries import Block, SpanWriter, read_blocks
 from shardflow.rundir.tasks import TaskResult
@@ -111,7 +112,7 @@ def build_report(run_dir: RunDir, task_ids: list[int], results: dict[int, TaskRe
     spans.flush()
     report.tracebacks = _this_run_traces(run_dir, results)
     report.seconds = time.perf_counter() - started
-    run_dir.write_json("summary.json", report.to_json())
+    run_dir.write_json(SUMMARY, report.to_json())
     return report
 
 
@@ -121,7 +122,7 @@ def _this_run_traces(run_dir: RunDir, results: dict[int, TaskResult]) -> list[di
     collector = TraceCollector()
     for task_id in ids:
         try:
-            raw = run_dir.read_bytes(f"errors/{task_name(task_id)}.jsonl").decode()
+            raw = run_dir.read_bytes(errors_file(task_id)).decode()
         except FileNotFoundError:
             continue
         collector.add_all(json.loads(line) for line in raw.splitlines() if line.strip())
@@ -146,4 +147,4 @@ def _earlier_records(run_dir: RunDir, ids: list[int], results: dict[int, TaskRes
         covered[block.first:block.stop] = [True] * block.size
     done_before = run_dir.done_ids()
     wanted = [t for i, t in enumerate(ids) if t not in results and not covered[i] and t in done_before]
-    return dict(zip(wanted, run_dir.read_many([f"done/{task_name(t)}.json" for t in wanted])))
+    return dict(zip(wanted, run_dir.read_many([done_file(t) for t in wanted])))

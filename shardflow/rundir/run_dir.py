@@ -1,29 +1,17 @@
 """The run directory: the one place that says what a run is and how far it got.
 
-Layout (a local path or any fsspec URL; default `<directory of the outputs>/_shardflow`):
-
-    plan.json              the tasks, written once up front, with a fingerprint
-    job.pkl                the job (cloudpickle), so Dask workers and pods can rebuild it
-    job.json               versions that wrote job.pkl, and a job file's source (job.jobrecord)
-    done/000017.json       completion marker of task 17: outputs + stats; written LAST
-    failed/000017.json     why task 17 failed last time (removed when it later succeeds)
-    errors/000017.jsonl    one line per dropped/failed sample of task 17
-    summary.json           the merged report of the last run (shards list used by the reader)
-
-Every file is written atomically (temp + rename locally, a single PUT on object stores), so a
-crash never leaves a truncated JSON that breaks resume.
+RunDir reads and writes its files (a local path or any fsspec URL); their names and folders are
+rundir/layout.py's. Every file is written atomically (temp + rename locally, a single PUT on object
+stores), so a crash never leaves a truncated JSON that breaks resume.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 from typing import Any, Iterable, Iterator
 
-import cloudpickle
-
 from shardflow.errors import JobError, ShardIOError
-from shardflow.job.jobrecord import RECORD, job_record
+from shardflow.rundir.layout import PLAN, SUMMARY, done_file, errors_file, failed_file
 from shardflow.rundir.listing import (
     OWN_FOLDERS,
     SUMMARIES,
@@ -33,7 +21,6 @@ from shardflow.rundir.listing import (
     list_folder,
     read_files,
     remove_own_temps,
-    task_name,
 )
 from shardflow.rundir.plan_store import (  # noqa: F401 - PLAN_VERSION, plan_fingerprint: public names here
     PLAN_VERSION,
@@ -48,7 +35,7 @@ from shardflow.rundir.plan_table import as_json
 from shardflow.rundir.summaries import summary_ranges
 from shardflow.rundir.tasks import Task, TaskResult
 from shardflow.storage.atomic import write_local_atomic
-from shardflow.storage.options import redact, redact_urls_deep, strip_redacted
+from shardflow.storage.options import redact_urls_deep
 from shardflow.storage.paths import filesystem, is_local
 from shardflow.storage.retrying_fs import RetryingFileSystem
 
@@ -150,8 +137,8 @@ class RunDir:
         objects (what prepare() passes: no second copy of a million tasks as dicts) or their JSON; or, instead
         of "tasks", "table": the TaskTable data (job.lazy_plan), from which tasks are made one at a time."""
         fingerprint = plan_fingerprint(plan_tasks(plan), plan.get("settings"))
-        if self.exists("plan.json"):
-            old = self.read_json("plan.json")
+        if self.exists(PLAN):
+            old = self.read_json(PLAN)
             if old.get("fingerprint") == fingerprint:
                 return
             if not force:
@@ -184,25 +171,13 @@ class RunDir:
         for folder in ("done", "failed", "errors", SUMMARIES, "plan"):
             for name in self.list_names(folder):
                 self.remove(f"{folder}/{name}")
-        self.remove("summary.json")
+        self.remove(SUMMARY)
 
     def load_plan(self) -> dict[str, Any]:
         try:
-            return self.read_json("plan.json")
+            return self.read_json(PLAN)
         except FileNotFoundError as exc:
             raise JobError(f"no plan.json in run directory {self.url}: plan or run the job first") from exc
-
-    def save_job(self, job: Any) -> None:
-        """Store the job for workers and pods, without secrets.
-
-        Secret storage options (keys, tokens, passwords) are left out: whoever loads the job takes
-        credentials from its own environment or from `${VAR}` references, never from this file.
-        """
-        stored = copy.copy(job)
-        stored.storage_options = strip_redacted(redact(job.storage_options))
-        stored.inputs, stored.outputs = redact(job.inputs), redact(job.outputs)  # URL passwords: memory only
-        self.write_bytes("job.pkl", cloudpickle.dumps(stored))
-        self.write_json(RECORD, job_record(stored))  # versions (checked before unpickling), job-file source
 
     # -- task state ----------------------------------------------------------------------------
     def done_ids(self) -> set[int]:
@@ -210,8 +185,8 @@ class RunDir:
         (one short listing, no listing of done/: at 100k tasks on S3 that is 100 pages of XML to parse);
         otherwise one listing of done/."""
         covered = summary_ranges(self.list_names(SUMMARIES))
-        if covered and self.exists("plan.json"):
-            tasks = task_count(self.read_json("plan.json"))
+        if covered and self.exists(PLAN):
+            tasks = task_count(self.read_json(PLAN))
             if sum(stop - first for first, stop in covered if stop <= tasks) == tasks:
                 return set(range(tasks))
         return {int(n.split(".")[0]) for n in self.list_names("done") if n.endswith(".json")}
@@ -220,17 +195,17 @@ class RunDir:
         return {int(n.split(".")[0]) for n in self.list_names("failed") if n.endswith(".json")}
 
     def is_done(self, task_id: int) -> bool:
-        return self.exists(f"done/{task_name(task_id)}.json")
+        return self.exists(done_file(task_id))
 
     def read_done(self, task_id: int) -> dict[str, Any]:
-        return self.read_json(f"done/{task_name(task_id)}.json")
+        return self.read_json(done_file(task_id))
 
     def mark_done(self, task_id: int, record: dict[str, Any]) -> None:
-        self.write_json(f"done/{task_name(task_id)}.json", record)
-        self.remove_if_present(f"failed/{task_name(task_id)}.json")
+        self.write_json(done_file(task_id), record)
+        self.remove_if_present(failed_file(task_id))
 
     def mark_failed(self, task_id: int, record: dict[str, Any]) -> None:
-        self.write_json(f"failed/{task_name(task_id)}.json", record)
+        self.write_json(failed_file(task_id), record)
 
     def record_failure(self, task: Task, error: str, kind: str, *, attempts: int = 1) -> TaskResult:
         """Write why `task` failed (failed/NNNNNN.json) and return the failed TaskResult."""
@@ -243,7 +218,7 @@ class RunDir:
 
     def write_errors(self, task_id: int, records: Iterable[dict[str, Any]]) -> None:
         lines = "".join(json.dumps(redact_urls_deep(r), sort_keys=True) + "\n" for r in records)
-        name = f"errors/{task_name(task_id)}.jsonl"
+        name = errors_file(task_id)
         if lines:
             self.write_bytes(name, lines.encode())
         else:

@@ -11,7 +11,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardflow.rundir.run_dir import RunDir, task_name
+from shardflow.rundir.layout import SUMMARY, failed_file
+from shardflow.rundir.run_dir import RunDir
 from shardflow.rundir.stats import Stats
 from shardflow.rundir.summaries import merged_done
 from shardflow.rundir.tracebacks import TraceCollector, describe_traces, printable
@@ -97,7 +98,7 @@ def read_status(url: str, storage_options: dict[str, Any] | None = None, *, exam
     stats, shards = merged_done(run_dir, len(task_ids), done_ids)  # summaries, markers where none
     failed = {}
     for task_id, record in zip(sorted(failed_ids),
-                               _read_many(run_dir, [f"failed/{task_name(t)}.json" for t in sorted(failed_ids)])):
+                               _read_many(run_dir, [failed_file(t) for t in sorted(failed_ids)])):
         if record is not None:
             failed[task_id] = record
     error_names = [n for n in run_dir.list_names("errors") if n.endswith(".jsonl")]
@@ -116,7 +117,7 @@ def read_status(url: str, storage_options: dict[str, Any] | None = None, *, exam
             last.append(error)
             if len(last) > examples:
                 last.pop(0)
-    last_run = run_dir.read_json("summary.json") if run_dir.exists("summary.json") else None
+    last_run = run_dir.read_json(SUMMARY) if run_dir.exists(SUMMARY) else None
     pending = [t for t in task_ids if t not in done_ids and t not in failed_ids]
     return RunStatus(run_dir.url, plan.get("job", {}), len(task_ids), sorted(done_ids), failed, pending, stats,
                      shards, count, kinds.most_common(), last if examples else [], last_run,

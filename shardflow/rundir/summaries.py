@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from shardflow.rundir.listing import SUMMARIES, task_name
+from shardflow.rundir.layout import done_file
+from shardflow.rundir.listing import SUMMARIES
 from shardflow.rundir.stats import Stats
 
 RunDir = Any  # rundir.run_dir.RunDir, which imports this module (summary_ranges in done_ids)
@@ -124,7 +125,7 @@ def merged_done(run_dir: RunDir, tasks: int, done_ids: set[int]) -> tuple[Stats,
         shards += len(block.shards)
         covered[block.first:block.stop] = [True] * block.size
     rest = sorted(t for t in done_ids if 0 <= t < tasks and not covered[t])
-    for record in run_dir.read_many([f"done/{task_name(t)}.json" for t in rest]):
+    for record in run_dir.read_many([done_file(t) for t in rest]):
         if record is not None:
             stats.merge(Stats.from_json(record.get("stats", {})))
             shards += len(record.get("outputs", []))

@@ -7,11 +7,11 @@ from typing import Any, BinaryIO, Callable, Sequence
 
 from shardflow.errors import SampleError, ShardIOError
 from shardflow.shards.keys import Sample, check_key, split_name
-from shardflow.shards.publish import AtomicOutput, open_atomic
 from shardflow.shards.receipt import OneShard, ShardInfo
 from shardflow.shards.records import encode_record, record_format
 from shardflow.shards.sinks import HashingSink
 from shardflow.shards.tar_write import coalesce
+from shardflow.storage.publish import AtomicOutput, open_atomic
 
 BATCH_BYTES = 1 << 20
 

@@ -19,7 +19,14 @@ from __future__ import annotations
 import io
 from typing import Any, BinaryIO, Callable, Iterator, Sequence
 
-from shardflow.errors import FormatError, SampleError, ShardflowError, apply_policy, check_on_error
+from shardflow.errors import (
+    DEFAULT_ON_ERROR_READ,
+    FormatError,
+    SampleError,
+    ShardflowError,
+    apply_policy,
+    check_on_error,
+)
 from shardflow.shards.keys import Sample
 
 # name suffix -> record format
@@ -167,7 +174,7 @@ def _to_sample(item: Any, index: int, offset: int, url: str, fields: Sequence[st
 
 
 def iter_records(stream: BinaryIO, url: str = "", *, fmt: str | None = None, fields: Sequence[str] | None = None,
-                 on_error: str = "raise", report: ErrorSink | None = None) -> Iterator[Sample]:
+                 on_error: str = DEFAULT_ON_ERROR_READ, report: ErrorSink | None = None) -> Iterator[Sample]:
     """Samples of one open record stream (`fmt` from the URL's suffix unless given).
 
     A bad item (not a map, no usable key) is a SampleError under `on_error`; truncation and corrupt
@@ -192,7 +199,7 @@ def iter_records(stream: BinaryIO, url: str = "", *, fmt: str | None = None, fie
 
 
 def read_records(source: BinaryIO | str, url: str = "", *, fields: Sequence[str] | None = None,
-                 on_error: str = "raise", report: ErrorSink | None = None,
+                 on_error: str = DEFAULT_ON_ERROR_READ, report: ErrorSink | None = None,
                  storage_options: dict[str, Any] | None = None, allow_pipe: bool | None = None) -> Iterator[Sample]:
     """Samples of one record shard: an open stream, or a URL opened (and closed) here."""
     if not isinstance(source, str):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from typing import Any, BinaryIO, Callable, Iterable, Iterator
 
-from shardflow.errors import RAISE, SampleError, ShardflowError, apply_policy, check_on_error
+from shardflow.errors import DEFAULT_ON_ERROR_READ, RAISE, SampleError, ShardflowError, apply_policy, check_on_error
 from shardflow.shards.keys import Sample, check_key, split_name
 from shardflow.shards.records import read_records, record_format
 from shardflow.shards.sample_recover import DamageGuard
@@ -23,7 +23,7 @@ ErrorSink = Callable[[ShardflowError], None]
 __all__ = ["ErrorSink", "iter_samples", "read_samples", "sample_members"]
 
 
-def iter_samples(members: Iterable[Member | Corruption], url: str = "", *, on_error: str = "raise",
+def iter_samples(members: Iterable[Member | Corruption], url: str = "", *, on_error: str = DEFAULT_ON_ERROR_READ,
                  report: ErrorSink | None = None) -> Iterator[Sample]:
     """Group adjacent members into sample dicts.
 
@@ -127,7 +127,7 @@ def read_samples(
     source: BinaryIO | str,
     url: str = "",
     *,
-    on_error: str = "raise",
+    on_error: str = DEFAULT_ON_ERROR_READ,
     report: ErrorSink | None = None,
     storage_options: dict[str, Any] | None = None,
     allow_pipe: bool | None = None,

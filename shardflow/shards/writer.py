@@ -1,5 +1,5 @@
 """Writing shards: one tar (TarWriter) or numbered shards with rollover (ShardWriter), each committed
-atomically (see publish) with a receipt: URL, sample count, byte count and sha256.
+atomically (see storage.publish) with a receipt: URL, sample count, byte count and sha256.
 
 Shards are opened only when their first sample arrives, so no empty shards are ever created.
 """
@@ -12,7 +12,6 @@ from typing import Any, BinaryIO, Callable, Sequence
 from shardflow.errors import ShardIOError
 from shardflow.shards.committer import BackgroundCommitter
 from shardflow.shards.keys import Sample
-from shardflow.shards.publish import STREAMING_UPLOAD_PROTOCOLS, AtomicOutput, open_atomic
 from shardflow.shards.receipt import OneShard, ShardInfo
 from shardflow.shards.record_write import RecordWriter
 from shardflow.shards.records import record_format
@@ -21,14 +20,15 @@ from shardflow.shards.sinks import HashingSink
 from shardflow.shards.tar_headers import BLOCK
 from shardflow.shards.tar_write import GzipStage, TarStreamWriter
 from shardflow.storage.atomic import temp_glob, temp_name
-from shardflow.storage.paths import filesystem, join, protocol
+from shardflow.storage.paths import filesystem, join
+from shardflow.storage.protocols import protocol_of
+from shardflow.storage.publish import AtomicOutput, open_atomic
 from shardflow.storage.schemes import open_write
 
 __all__ = ["Encode", "ShardInfo", "ShardWriter", "TarWriter", "format_shard_name", "remove_stale_temps",
            "sample_tar_size"]
 
 Encode = Callable[[Sample], Sample]
-NO_TEMPS = STREAMING_UPLOAD_PROTOCOLS  # shards stream to their final key there: no temp is ever written
 
 
 def remove_stale_temps(url: str | Callable[[int], str], storage_options: dict[str, Any] | None = None, *,
@@ -43,7 +43,9 @@ def remove_stale_temps(url: str | Callable[[int], str], storage_options: dict[st
     part: Callable[[int], str] = url if callable(url) else (lambda index: url if index == 0 else "")
     first = part(0)
     if tag:
-        return _remove_task_temps(part, storage_options, tag) if protocol(first) not in NO_TEMPS else 0
+        if protocol_of(first).streaming_upload:
+            return 0  # shards stream to their final key there: no temp is ever written
+        return _remove_task_temps(part, storage_options, tag)
     head, slash, _ = first.rpartition("/")
     name = temp_glob(first)
     pattern = join(head, name) if head else slash + name  # slash: a file in "/" (temp_name's rule)

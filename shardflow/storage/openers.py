@@ -1,5 +1,5 @@
 """How a storage URL is opened, one function per way: local file, plain fsspec stream, ranged remote
-read, streamed upload. The scheme table (schemes.py) says which one a URL gets.
+read, streamed upload. The record of the URL's protocol (protocols.py) says which one it gets.
 
 Every opener here resolves the storage options that apply to its URL, and turns a failure into a
 ShardIOError that names the URL and never contains a credential. fsspec is imported only by the

@@ -2,7 +2,7 @@
 fsspec filesystem behind a URL.
 
 None of these imports fsspec at module level, so code that only needs to tell a local path from a
-URL (the scheme table, the shard writer) does not pay for loading it.
+URL (the protocol records, the shard writer) does not pay for loading it.
 """
 
 from __future__ import annotations

@@ -135,7 +135,7 @@ class PipeStream:
             self._proc.wait()
 
 
-# -- the openers the scheme table names for "-" and "pipe" -----------------------------------------
+# -- the openers the protocol records name for "-" and "pipe" --------------------------------------
 
 
 def open_stdin(request: OpenRequest) -> Any:

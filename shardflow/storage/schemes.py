@@ -1,36 +1,29 @@
-"""Opening a URL: one table says, per scheme, which opener reads it and which writes it.
+"""Opening a URL: `open_read` / `open_write` hand the request to the opener its protocol's record names.
 
-`open_read` / `open_write` look the URL's scheme up in SCHEMES and hand the request to the opener
-named there. Like fsspec's registry, entries name their openers as "module:function" strings imported
-on first use, so opening a local file loads neither fsspec nor the object-store machinery.
-
-A protocol not in the table is opened through fsspec the way object stores are: ranged, resumable,
-version-pinned reads (a plain stream when the store reports no size) and streamed uploads. Every
-remote fsspec filesystem (az://, hf://, sftp://, ...) so gets resume after transient faults; only
-in-process filesystems and local wrappers are listed to get fsspec's plain file instead.
+The record (storage.protocols) names its openers as "module:function" strings imported on first use,
+so opening a local file loads neither fsspec nor the object-store machinery. A protocol without a
+record is opened the way object stores are: ranged, resumable, version-pinned reads (a plain stream
+when the store reports no size) and streamed uploads, so every remote fsspec filesystem (az://,
+hf://, sftp://, ...) gets resume after transient faults.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Literal
+from typing import TYPE_CHECKING, BinaryIO, Callable, Literal
 
 from shardflow.errors import ShardIOError
 from shardflow.storage.locate import Locator, resolve
 from shardflow.storage.paths import Options, protocol
+from shardflow.storage.protocols import CHAINED, STDIO, load, protocol_named
 
 if TYPE_CHECKING:
     from shardflow.storage.retry import RetryPolicy
 
-STDIO = "-"  # stdin for reading, stdout for writing
-CHAINED = "::"  # fsspec's chained URLs (`simplecache::s3://b/k`): the outer filesystem does the work
-
 
 @dataclass(frozen=True)
 class OpenRequest:
-    """What open_read / open_write were asked, handed whole to the opener the table picks."""
+    """What open_read / open_write were asked, handed whole to the opener the record names."""
 
     url: str
     storage_options: Options = None
@@ -43,74 +36,24 @@ class OpenRequest:
 Opener = Callable[[OpenRequest], BinaryIO]
 
 
-@dataclass(frozen=True)
-class Scheme:
-    """How one scheme opens: "module:function" of the opener for reading and for writing."""
-
-    read: str
-    write: str
-
-
-_O = "shardflow.storage.openers"
-_P = "shardflow.storage.pipes"
-LOCAL = Scheme(f"{_O}:read_local", f"{_O}:write_local")
-FSSPEC = Scheme(f"{_O}:read_fsspec", f"{_O}:write_upload")
-REMOTE = Scheme(f"{_O}:read_ranged", f"{_O}:write_upload")
-
-SCHEMES: dict[str, Scheme] = {
-    STDIO: Scheme(f"{_P}:open_stdin", f"{_P}:open_stdout"),
-    CHAINED: FSSPEC,
-    "blockcache": FSSPEC,
-    "cached": FSSPEC,
-    "dir": FSSPEC,
-    "file": LOCAL,
-    "filecache": FSSPEC,
-    "gcs": REMOTE,
-    "gs": REMOTE,
-    "http": REMOTE,
-    "https": REMOTE,
-    "libarchive": FSSPEC,
-    "local": LOCAL,
-    "memory": FSSPEC,
-    "pipe": Scheme(f"{_P}:read_pipe", f"{_P}:write_pipe"),
-    "reference": FSSPEC,
-    "s3": REMOTE,
-    "s3a": REMOTE,
-    "simplecache": FSSPEC,
-    "tar": FSSPEC,
-    "zip": FSSPEC,
-}
-DEFAULT = REMOTE  # any other fsspec protocol
-
-# '::' inside these is part of a command or a file name, not an fsspec chain
-_NEVER_CHAINED = frozenset({"file", "local", "pipe"})
-
-
 def scheme_of(url: str) -> str:
-    """The SCHEMES key of `url`: '-', '::' for a chained fsspec URL, else its protocol."""
+    """The record name `url` opens with: '-', '::' for a chained fsspec URL, else its protocol."""
     if url == STDIO:
         return STDIO
     name = protocol(url)
-    if CHAINED in url and name not in _NEVER_CHAINED:
+    if CHAINED in url and protocol_named(name).chained:
         return CHAINED
     return name
 
 
-@functools.cache
-def _load(target: str) -> Any:
-    module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
 def opener(url: str, mode: Literal["read", "write"]) -> Opener:
-    """The opener SCHEMES names for `url` and `mode`."""
+    """The opener the record of `url`'s protocol names for `mode`."""
     if "://***@" in url or ":***@" in url:
         raise ShardIOError(
             "the password of this URL was left out when the run directory was written (it is never written "
             "down): give the credential through storage options (e.g. headers with a ${VAR} reference) or "
             "run from the process that planned the job", url=url)
-    scheme = SCHEMES.get(scheme_of(url), DEFAULT)
-    return _load(getattr(scheme, mode))
+    return load(getattr(protocol_named(scheme_of(url)), mode))
 
 
 def open_read(

@@ -6,8 +6,8 @@ with `If-Match: <etag at open>` and GCS ranges are pinned to the generation, so 
 an ObjectChangedError, never a mix of two versions; the generic source compares the identity again
 (`check_unchanged()`) before every retry.
 
-Which source a filesystem gets is a table keyed on its protocol (`fs.protocol`), like fsspec's own
-registry, not a guess from class names.
+Which source a filesystem gets is named by the record of its protocol (`fs.protocol`, see
+storage.protocols), like fsspec's own registry, not a guess from class names.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import errno
 from typing import Any, Callable
 
 from shardflow.storage.local_files import ObjectChangedError
-from shardflow.storage.paths import fs_protocols
+from shardflow.storage.protocols import load, protocol_of_fs
 
 _IDENTITY_KEYS = ("size", "ETag", "etag", "generation", "VersionId", "version_id", "md5Hash", "crc32c",
                   "LastModified", "mtime", "updated", "checksum")
@@ -230,22 +230,10 @@ class HTTPSource(ObjectSource):
         return bytes(out)
 
 
-# protocol -> (source class, the filesystem method it relies on: absent means another library owns
-# the protocol name, and the generic source is used instead)
-SOURCES: dict[str, tuple[type[ObjectSource], str]] = {
-    "http": (HTTPSource, "encode_url"),
-    "https": (HTTPSource, "encode_url"),
-    "gcs": (GCSSource, "call"),
-    "gs": (GCSSource, "call"),
-    "s3": (S3Source, "_call_s3"),
-    "s3a": (S3Source, "_call_s3"),
-}
-
-
 def make_source(fs: Any, path: str, url: str) -> ObjectSource:
-    """The source for `path` on `fs`: the store-specific one its protocol names, else the generic one."""
-    for name in fs_protocols(fs):
-        entry = SOURCES.get(name)
-        if entry is not None and hasattr(fs, entry[1]):
-            return entry[0](fs, path, url)
+    """The source for `path` on `fs`: the store-specific one its protocol's record names, else the
+    generic one (also when `fs` lacks the method that source relies on: another library owns the name)."""
+    record = protocol_of_fs(fs)
+    if record.source is not None and hasattr(fs, record.source_needs):
+        return load(record.source)(fs, path, url)
     return ObjectSource(fs, path, url)

@@ -18,16 +18,14 @@ import braceexpand
 
 from shardflow.errors import ShardIOError
 from shardflow.storage.options import options_for
-from shardflow.storage.paths import Options, fs_protocols
+from shardflow.storage.paths import Options
+from shardflow.storage.protocols import protocol_of_fs
 from shardflow.storage.retry import describe
 
 Spec = str | Sequence[str]
 
 GLOB_CHARS = frozenset("*?[")
 _NUMERIC_RANGE = re.compile(r"\{(-?\d+)\.\.(-?\d+)(?:\.\.(-?\d+))?\}")
-# Stores that list by key prefix server-side (s3fs / gcsfs `find(prefix=...)`): one request per page
-# of matching keys instead of a listing of the whole folder.
-PREFIX_LISTING_PROTOCOLS = frozenset({"gcs", "gs", "s3", "s3a"})
 
 
 def expand(spec: Spec, storage_options: Options = None) -> list[str]:
@@ -193,7 +191,7 @@ def _list_matches(fs: Any, path: str) -> list[str]:
 
     first = min(path.index(c) for c in GLOB_CHARS if c in path)
     literal, tail = path[:first], path[first:]
-    prefix_listing = bool(PREFIX_LISTING_PROTOCOLS.intersection(fs_protocols(fs)))
+    prefix_listing = protocol_of_fs(fs).listing_by_prefix  # one request per page of matching keys
     if not prefix_listing or "/" in tail or "**" in tail or "/" not in literal:
         _invalidate(fs)
         return [m for m in fs.glob(path) if not m.endswith("/")]  # "x/": a directory marker

@@ -13,22 +13,21 @@ import asyncio
 import logging
 from typing import Any
 
-from shardflow.storage.paths import fs_protocols
+from shardflow.storage.protocols import protocol_of_fs
 from shardflow.storage.retry import describe
 
 log = logging.getLogger("shardflow.storage.upload")
 
 # S3 multipart parts / GCS resumable chunks: >= 5 MiB (S3 minimum), multiple of 256 KiB (GCS).
 DEFAULT_UPLOAD_BLOCK_SIZE = 16 * 2**20
-# Stores whose uploads go up in DEFAULT_UPLOAD_BLOCK_SIZE parts (others keep their own default).
-PART_UPLOAD_PROTOCOLS = frozenset({"gcs", "gs", "s3", "s3a"})
 
 _SAFE_CLASSES: dict[type, type] = {}
 
 
 def upload_block_size(fs: Any) -> int | None:
-    """Part size for streaming uploads to `fs` (None: the filesystem's own default)."""
-    if PART_UPLOAD_PROTOCOLS.intersection(fs_protocols(fs)):
+    """Part size for streaming uploads to `fs`: DEFAULT_UPLOAD_BLOCK_SIZE where its protocol's record
+    says it uploads in parts (S3, GCS), else None (the filesystem's own default)."""
+    if protocol_of_fs(fs).part_upload:
         return DEFAULT_UPLOAD_BLOCK_SIZE
     return None
 

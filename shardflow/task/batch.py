@@ -16,6 +16,8 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, Iterator
 
 from shardflow.errors import JobError, SkipSample
+from shardflow.rundir.stats import Stats
+from shardflow.shards.keys import Sample
 from shardflow.task.batch_values import batch_outputs, collate
 from shardflow.task.context import TaskContext
 from shardflow.task.failures import SampleFailures
@@ -23,8 +25,6 @@ from shardflow.task.overlap import read_ahead
 from shardflow.task.overlap import sink as make_sink
 from shardflow.task.process import SampleProcessor, output_key_problem, reuse_raw, unchanged_values
 from shardflow.task.seeds import seed_globals, stable_seed
-from shardflow.rundir.stats import Stats
-from shardflow.shards.keys import Sample
 
 Report = Callable[[Exception], None]
 OpenSamples = Callable[[Report], Iterable[Sample]]  # read_samples(stream, url, report=...) of one input
@@ -36,7 +36,7 @@ class BatchProcessor:
 
     def __init__(self, context: TaskContext, stats: Stats, failures: SampleFailures, fn: Callable[[Any], Any]) -> None:
         self.context, self.stats, self.failures, self.fn = context, stats, failures, fn
-        self.batch_size = int(context.batch_size or 1)
+        self.batch_size = int(context.spec.batch_size or 1)
         self.produced_by: dict[str, str] = {}  # output key -> input key, across the task
         self._encode_failures: list[tuple[BaseException, str, str]] = []  # from the writer thread
 
@@ -75,9 +75,9 @@ class BatchProcessor:
         """fn over the batch -> [(output, input key)]; on an exception, again one sample at a time."""
         decoded = [d for _, d in batch]
         keys = [d["__key__"] for d in decoded]
-        seed_globals(stable_seed(self.context.seed, keys[0]))
+        seed_globals(stable_seed(self.context.spec.seed, keys[0]))
         try:
-            pairs = batch_outputs(self.fn(collate(decoded) if self.context.collate else decoded), keys)
+            pairs = batch_outputs(self.fn(collate(decoded) if self.context.spec.collate else decoded), keys)
         except SkipSample as skip:
             if len(batch) > 1:
                 return self._one_by_one(batch, url)
@@ -191,6 +191,6 @@ def make_processor(context: TaskContext, stats: Stats, failures: SampleFailures)
         fn = worker_fn(context.identity, fn)
     if context.fn_guard is not None:
         fn = context.fn_guard(fn)
-    if context.batch_size is None:
+    if context.spec.batch_size is None:
         return SampleProcessor(context, stats, failures, fn=fn)
     return BatchProcessor(context, stats, failures, fn)

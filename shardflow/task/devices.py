@@ -18,6 +18,7 @@ from typing import Any
 
 from shardflow.errors import JobError
 
+DEVICES = ("cpu", "cuda", "auto")  # what a job may ask for (JobSpec.device)
 _device = "cpu"  # what worker_device() answers in this process, set when a task starts
 
 
@@ -33,7 +34,7 @@ def worker_device() -> str:
 def check_task_device(context: Any) -> None:
     """Before a task: refuse device="cuda" (or a -cuda decode) without CUDA, in one line; note the device."""
     global _device
-    wanted = getattr(context, "device", None)
+    wanted = context.spec.device
     check = getattr(context.decoder, "check", None)
     if check is not None:
         check()  # GPU decode without a GPU (and without device="auto")

@@ -11,11 +11,11 @@ import types
 from typing import Any, Callable
 
 from shardflow.errors import JobError, SkipSample
+from shardflow.rundir.stats import Stats
+from shardflow.shards.keys import Sample, check_key
 from shardflow.task.context import TaskContext
 from shardflow.task.failures import SampleFailures
 from shardflow.task.seeds import seed_globals, stable_seed
-from shardflow.rundir.stats import Stats
-from shardflow.shards.keys import Sample, check_key
 
 
 class SampleProcessor:
@@ -38,7 +38,7 @@ class SampleProcessor:
         except Exception as exc:  # noqa: BLE001 - any decoder failure is this sample's problem
             self.failures.record(exc, url, key, "decode")
             return []
-        seed_globals(stable_seed(self.context.seed, key))
+        seed_globals(stable_seed(self.context.spec.seed, key))
         try:
             outputs = as_outputs(self.fn(decoded), key)
         except SkipSample as skip:

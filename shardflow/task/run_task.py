@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 import traceback
 from itertools import islice
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from shardflow.errors import (
     RAISE,
@@ -24,47 +24,64 @@ from shardflow.errors import (
     ShardflowError,
     ShardIOError,
 )
-from shardflow.task.batch import BatchProcessor, make_processor
-from shardflow.task.context import TaskContext
-from shardflow.task.failures import SampleFailures, TaskFailed, missing_input
-from shardflow.task.process import SampleProcessor
-from shardflow.task.seeds import job_seed
 from shardflow.rundir.stats import Stats
 from shardflow.rundir.tasks import Task, TaskResult
 from shardflow.shards.samples import read_samples
 from shardflow.shards.writer import ShardInfo, ShardWriter, remove_stale_temps
 from shardflow.storage.counting import CountingReader
 from shardflow.storage.schemes import open_read
+from shardflow.task.batch import BatchProcessor, make_processor
+from shardflow.task.context import TaskContext, _running
+from shardflow.task.failures import SampleFailures, TaskFailed, missing_input
+from shardflow.task.process import SampleProcessor
+from shardflow.task.seeds import job_seed
 
 Progress = Callable[[int], None]
 _PROGRESS_EVERY_S = 0.5
+
+
+class MakesContext(Protocol):
+    """What run_task accepts besides a TaskContext: a job that makes one (ShardJob, above this layer)."""
+
+    def task_context(self) -> TaskContext: ...
+
+
 _MISSING = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
 
 
-def run_task(task: Task, job: Any, *, progress: Progress | None = None) -> TaskResult:
+def run_task(task: Task, job: TaskContext | MakesContext, *, progress: Progress | None = None) -> TaskResult:
     """Run one task to completion (or a recorded failure). Never raises for bad data.
 
     `job` is a ShardJob or the TaskContext it made (`job.task_context()`), which is all this reads.
     """
     context: TaskContext = job if isinstance(job, TaskContext) else job.task_context()
+    token = _running.set(context.spec)
+    try:
+        return _run(task, context, progress)
+    finally:
+        _running.reset(token)
+
+
+def _run(task: Task, context: TaskContext, progress: Progress | None) -> TaskResult:
+    """run_task's body: skip a done task, else attempt it, retrying I/O errors with backoff."""
     run_dir = context.run_dir
     if run_dir.is_done(task.id):
         record = run_dir.read_done(task.id)
         return TaskResult(task.id, "skipped", Stats.from_json(record["stats"]), record["outputs"])
-    if context.debug:  # no retries, nothing caught: the user's exception reaches the caller (and pdb)
-        with job_seed(context.seed):
+    if context.spec.debug:  # no retries, nothing caught: the user's exception reaches the caller (and pdb)
+        with job_seed(context.spec.seed):
             return _attempt(task, context, progress)
     attempt = 0
     while True:
         attempt += 1
         try:
-            with job_seed(context.seed):
+            with job_seed(context.spec.seed):
                 result = _attempt(task, context, progress)
         except TaskFailed as exc:
             return run_dir.record_failure(task, str(exc), exc.kind, attempts=attempt)
         except (ShardIOError, OSError) as exc:
-            if attempt <= context.io_retries:
-                time.sleep(min(context.retry_backoff * 2 ** (attempt - 1), 30.0))
+            if attempt <= context.spec.io_retries:
+                time.sleep(min(context.spec.retry_backoff * 2 ** (attempt - 1), 30.0))
                 continue
             reason = str(exc) if isinstance(exc, ShardflowError) else f"{type(exc).__name__}: {exc}"
             return run_dir.record_failure(task, f"I/O error after {attempt} attempts: {reason}", FailureKind.IO,
@@ -81,7 +98,8 @@ def _attempt(task: Task, context: TaskContext, progress: Progress | None) -> Tas
     """One try at the task: stream it, then write its error log and, LAST, its completion marker."""
     started = time.perf_counter()
     stats = Stats()
-    failures = SampleFailures(task.id, stats, context.on_error, context.max_failure_rate, debug=context.debug)
+    spec = context.spec
+    failures = SampleFailures(task.id, stats, spec.on_error, spec.max_failure_rate, debug=spec.debug)
     try:
         infos = _stream_task(task, context, _processor(context, stats, failures), progress)
     except TaskFailed:
@@ -132,7 +150,7 @@ def _stream_task(task: Task, context: TaskContext, processor: SampleProcessor | 
     out_options = context.options_for(task.output)
     remove_stale_temps(task.part_url, out_options, tag=tag)  # by name: no listing
     counter = _ProgressBatcher(progress)
-    writer = ShardWriter(task.part_url, maxcount=context.maxcount, maxsize=context.maxsize,
+    writer = ShardWriter(task.part_url, maxcount=context.spec.rollover[0], maxsize=context.spec.rollover[1],
                          storage_options=out_options, temp_tag=tag)
     with writer:
         for url in task.inputs:
@@ -149,7 +167,7 @@ def _stream_input(url: str, context: TaskContext, processor: SampleProcessor | B
     stats, failures = processor.stats, processor.failures
     stream = _open_input(url, context, failures)
     counted = CountingReader(stream)
-    policy = RAISE if context.on_error == RAISE else SKIP  # read_samples reports; failures warns itself
+    policy = RAISE if context.spec.on_error == RAISE else SKIP  # read_samples reports; failures warns itself
 
     def report(error: ShardflowError) -> None:
         failures.record(error, error.url or url, error.key, "read")
@@ -160,9 +178,9 @@ def _stream_input(url: str, context: TaskContext, processor: SampleProcessor | B
     try:
         if batched:  # fn over batches; read and write run in threads beside it (task/batch.py)
             processor.write_all(lambda rep: islice(read_samples(counted, url, on_error=policy, report=rep),
-                                                   context.limit), url, writer, counter.add)
+                                                   context.spec.limit), url, writer, counter.add)
         for sample in () if batched else arrange(samples) if arrange is not None else samples:
-            if context.limit is not None and stats.samples_in >= context.limit:
+            if context.spec.limit is not None and stats.samples_in >= context.spec.limit:
                 break  # a trial run (--limit): the task ends after its first samples
             stats.samples_in += 1
             for encoded in processor.process(sample):
@@ -180,7 +198,7 @@ def _stream_input(url: str, context: TaskContext, processor: SampleProcessor | B
 
 def _open_input(url: str, context: TaskContext, failures: SampleFailures) -> Any:
     try:
-        return open_read(url, context.options_for(url), allow_pipe=context.allow_pipe)
+        return open_read(url, context.options_for(url), allow_pipe=context.spec.allow_pipe)
     except ShardIOError as exc:
         if isinstance(exc.__cause__, _MISSING):
             failures.note(exc, url, None, "open")

@@ -9,20 +9,23 @@ as a contact sheet PNG.
 from __future__ import annotations
 
 import io
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
-from shardflow.task.process import as_outputs
-from shardflow.task.seeds import job_seed, seed_globals, stable_seed
 from shardflow.rundir.tracebacks import format_trace, printable
 from shardflow.shards.samples import read_samples
 from shardflow.storage.schemes import open_read
 from shardflow.storage.specs import expand
+from shardflow.task.process import as_outputs
+from shardflow.task.seeds import job_seed, seed_globals, stable_seed
+
+if TYPE_CHECKING:
+    from shardflow.job.shard_job import ShardJob
 
 IMAGE_EXTENSIONS = {"png", "jpg", "jpeg", "webp", "ppm", "pgm", "pbm", "bmp", "tif", "tiff", "gif"}
 Outcome = tuple[str, "list[dict[str, Any]] | BaseException"]
 
 
-def _first_samples(job: Any, count: int) -> Iterator[dict[str, Any]]:
+def _first_samples(job: "ShardJob", count: int) -> Iterator[dict[str, Any]]:
     inputs = job.inputs
     urls = expand(inputs, job.options_for(inputs if isinstance(inputs, str) else inputs[0]))
     for url in urls:
@@ -37,7 +40,7 @@ def _first_samples(job: Any, count: int) -> Iterator[dict[str, Any]]:
             stream.close()
 
 
-def preview_samples(job: Any, count: int) -> list[Outcome]:
+def preview_samples(job: "ShardJob", count: int) -> list[Outcome]:
     """(input key, outputs or the exception process() raised) for the first `count` input samples."""
     decoder = job.make_decoder()
     out: list[Outcome] = []

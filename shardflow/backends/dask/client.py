@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import sys
@@ -89,8 +88,8 @@ def _print_dashboard(client: Any) -> None:
 
 def _preflight(client: Any, job: "ShardJob", tasks: list[Task]) -> None:
     """Fail early, and clearly, when workers cannot import shardflow or see the run directory or inputs."""
-    from shardflow import __version__
     from shardflow.storage.paths import is_local, local_path
+    from shardflow.version import __version__
 
     local = is_local(job.run_dir)
     path = os.path.abspath(local_path(job.run_dir)) if local else None
@@ -122,15 +121,13 @@ def _preflight(client: Any, job: "ShardJob", tasks: list[Task]) -> None:
 
 
 def _absolute_run_dir(job: "ShardJob") -> "ShardJob":
-    """The job (a copy) bound to its run directory's absolute path, when that is a relative local path."""
+    """The job bound to its run directory's absolute path, when that is a relative local path."""
     url = absolute(job.run_dir)
     if url == job.run_dir:
         return job
     from shardflow.rundir.run_dir import RunDir
 
-    job = copy.copy(job)
-    job.bind_run_dir(RunDir(url, job.options_for(url)))
-    return job
+    return job.at_run_dir(RunDir(url, job.options_for(url)))
 
 
 def execute_dask(job: "ShardJob", tasks: list[Task], progress: Progress, *, address: str | None = None,

@@ -6,6 +6,7 @@ each task is `run_task(task, job)`, with sample counts sent back to the client a
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import threading
@@ -18,8 +19,10 @@ import cloudpickle
 from shardflow.backends.dask.paths import probe
 from shardflow.backends.dask.wire import missing_module_message
 from shardflow.errors import FailureKind
-from shardflow.task.run_task import run_task
+from shardflow.rundir.layout import PLAN
 from shardflow.rundir.tasks import Task, TaskResult
+from shardflow.task.context import TaskContext
+from shardflow.task.run_task import run_task
 from shardflow.task.threads import limit_threads, usable_cpus
 
 
@@ -60,12 +63,13 @@ class _ImportGuard:
             raise _MissingModule(exc.name) from exc
 
 
-_worker_jobs: dict[str, Any] = {}  # token -> job, one entry per worker process (the current run)
+_worker_jobs: dict[str, TaskContext] = {}  # token -> job, one entry per worker process (the current run)
 _worker_lock = threading.Lock()
 
 
-def _fetch_job(token: str, variable: str) -> Any:
-    """The run's job on this worker: fetched from the scheduler (a dask Variable) and unpickled once."""
+def _fetch_job(token: str, variable: str) -> TaskContext:
+    """What this worker's tasks run with: the run's job fetched from the scheduler (a dask Variable),
+    unpickled once, as a TaskContext whose fn is wrapped in the import guard."""
     with _worker_lock:
         job = _worker_jobs.get(token)
         if job is None:
@@ -73,8 +77,8 @@ def _fetch_job(token: str, variable: str) -> Any:
 
             blob = Variable(variable, client=get_client()).get(timeout=120)
             _limit_threads()  # before the job's modules (torch) load: they read the variables
-            job = cloudpickle.loads(blob)
-            job.fn_guard = _ImportGuard  # wraps fn as made on this worker (a class: once, by run_task)
+            # the guard wraps fn as made on this worker (a class: once, by run_task)
+            job = dataclasses.replace(cloudpickle.loads(blob).task_context(), fn_guard=_ImportGuard)
             _worker_jobs.clear()  # keep only the current run's job
             _worker_jobs[token] = job
         return job
@@ -173,7 +177,7 @@ def run_on_worker(tasks: list[Task], token: str, variable: str, topic: str) -> l
             results.append(_run(task, job, reporter))
             if reporter is not None:
                 reporter.finished(results[-1], time.perf_counter() - started)
-            if results[-1].stops_run(job.on_error):
+            if results[-1].stops_run(job.spec.on_error):
                 break
     finally:
         if reporter is not None:
@@ -181,13 +185,13 @@ def run_on_worker(tasks: list[Task], token: str, variable: str, topic: str) -> l
     return results
 
 
-def _run(task: Task, job: Any, reporter: _Reporter | None) -> TaskResult:
+def _run(task: Task, job: TaskContext, reporter: _Reporter | None) -> TaskResult:
     try:
         result = run_task(task, job, progress=reporter)
     except _MissingModule as exc:
         message = missing_module_message(_worker_address(), exc.name)
         try:
-            return job.rundir().record_failure(task, message, FailureKind.USER)
+            return job.run_dir.record_failure(task, message, FailureKind.USER)
         except Exception:  # noqa: BLE001 - the message still reaches the client
             return TaskResult.failed(task.id, message, FailureKind.USER)
     except _Cancelled:
@@ -201,9 +205,9 @@ def _run(task: Task, job: Any, reporter: _Reporter | None) -> TaskResult:
 
 def worker_check(run_dir_path: str | None, probes: list[tuple[str, str, Any]] = ()) -> dict[str, Any]:
     """Preflight on each worker: can it see the run directory and the inputs; which shardflow it has."""
-    from shardflow import __version__
+    from shardflow.version import __version__
 
-    seen = None if run_dir_path is None else os.path.exists(os.path.join(run_dir_path, "plan.json"))
+    seen = None if run_dir_path is None else os.path.exists(os.path.join(run_dir_path, PLAN))
     blind = [why for why in (probe(*p) for p in probes) if why is not None]
     return {"sees_run_dir": seen, "blind_inputs": blind, "shardflow": __version__, "python": sys.version.split()[0]}
 

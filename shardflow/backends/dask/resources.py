@@ -10,14 +10,17 @@ refused up front with the command that fixes it.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardflow.errors import JobError
 
+if TYPE_CHECKING:
+    from shardflow.job.shard_job import ShardJob
 
-def task_resources(job: Any, gpus_per_worker: int | None) -> dict[str, float] | None:
+
+def task_resources(job: "ShardJob", gpus_per_worker: int | None) -> dict[str, float] | None:
     """`{"GPU": n}` for a job that needs GPUs (device="cuda" or gpus_per_worker given), else None."""
-    if gpus_per_worker is None and getattr(job, "device", None) != "cuda":
+    if gpus_per_worker is None and job.spec.device != "cuda":
         return None
     return {"GPU": float(gpus_per_worker or 1)}
 

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import yaml
 
 from shardflow.errors import JobError
-from shardflow.task.threads import THREAD_VARIABLES, cpu_threads
 from shardflow.storage.paths import is_local, local_path
+from shardflow.task.threads import THREAD_VARIABLES, cpu_threads
 
 if TYPE_CHECKING:
     from shardflow.job.shard_job import ShardJob

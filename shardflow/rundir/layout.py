@@ -1,0 +1,51 @@
+"""The layout of a run directory: the one owner of every name in it.
+
+    plan.json              the tasks, written once up front, with a fingerprint
+    plan/chunk-*.json      tasks whose names follow no numbering (rundir.plan_store)
+    job.pkl                the job (cloudpickle), so Dask workers and pods can rebuild it
+    job.json               versions that wrote job.pkl, and a job file's source (job.jobrecord)
+    lease.json             the driver that holds the run (rundir.lease)
+    done/000017.json       completion marker of task 17: outputs + stats; written LAST
+    failed/000017.json     why task 17 failed last time (removed when it later succeeds)
+    errors/000017.jsonl    one line per dropped/failed sample of task 17
+    summaries/A-B.json     the merged markers of tasks A..B-1 (rundir.summaries)
+    summary.json           the merged report of the last run (its shard list is the reader's manifest)
+
+The default run directory is `_shardflow` beside the outputs, which is also where the reader and the
+progress bar look for the summary of shards a run wrote (`summary_beside`).
+"""
+
+from __future__ import annotations
+
+from shardflow.storage.paths import join
+
+PLAN = "plan.json"
+JOB_PICKLE = "job.pkl"
+JOB_RECORD = "job.json"
+LEASE = "lease.json"
+SUMMARY = "summary.json"
+DONE, FAILED, ERRORS, SUMMARIES, PLAN_CHUNKS = "done", "failed", "errors", "summaries", "plan"
+OWN_FOLDERS = ("", DONE, FAILED, ERRORS, SUMMARIES, PLAN_CHUNKS)  # every folder a run directory writes
+DEFAULT_NAME = "_shardflow"  # the run directory beside a job's outputs
+
+
+def task_name(task_id: int) -> str:
+    """The file stem of task `task_id` in done/, failed/, errors/: 000017."""
+    return f"{task_id:06d}"
+
+
+def done_file(task_id: int) -> str:
+    return f"{DONE}/{task_name(task_id)}.json"
+
+
+def failed_file(task_id: int) -> str:
+    return f"{FAILED}/{task_name(task_id)}.json"
+
+
+def errors_file(task_id: int) -> str:
+    return f"{ERRORS}/{task_name(task_id)}.jsonl"
+
+
+def summary_beside(shard_folder: str) -> str:
+    """The summary.json a run with the default run directory left beside the shards of `shard_folder`."""
+    return join(shard_folder, DEFAULT_NAME, SUMMARY)
