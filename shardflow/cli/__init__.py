@@ -8,11 +8,11 @@ import click
 
 # Modules that add commands to `main` when imported (each defines `register(group)`).
 COMMAND_MODULES = (
-    "shardflow.cli.inspect",  # ls, cat, stats
+    "shardflow.cli.inspect",  # ls, stats
     "shardflow.cli.jobs",  # run, plan, status, demo
     "shardflow.cli.cluster",  # worker, k8s, argo
     "shardflow.cli.trying",  # preview
-    "shardflow.cli.tools_jobs",  # split, cat (-o: concatenate; replaces inspect's cat), sort, map
+    "shardflow.cli.tools_jobs",  # split, cat (-o: concatenate; without: print members), sort, map
     "shardflow.cli.tools_make",  # create, head
     "shardflow.cli.tools_view",  # tsv, show
 )

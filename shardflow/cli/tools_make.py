@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from shardflow.cli.common import EXIT_FAILED, Fail, one_line_errors, parse_storage_options
+from shardflow.cli.common import EXIT_FAILED, Fail, one_line_errors, parse_storage_options, setting_option
 from shardflow.cli.tools_common import (
     allow_pipe_option,
     expand_all,
@@ -45,8 +45,8 @@ _PROGRESS = progress_option
               help="output shards: 'out/data-{part:06d}.tar' (or %06d); a fixed name when all fits in one")
 @click.option("--recipe", is_flag=True, help="SOURCE is a recipe/TSV of 'archive-name source' lines "
               "(default when SOURCE is a file; '-' reads stdin)")
-@click.option("--maxcount", type=click.IntRange(min=1), default=100_000, show_default=True, help="samples per shard")
-@click.option("--maxsize", type=float, default=3e9, show_default=True, help="bytes per shard")
+@setting_option("maxcount", type=click.IntRange(min=1), metavar="N", default=100_000, show_default=True)
+@setting_option("maxsize", metavar="BYTES", default=3e9, show_default=True)
 @click.option("--shuffle", is_flag=True, help="permute the samples (deterministic for a --seed)")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--keys", type=click.Choice(["from-path", "index"]), default="from-path", show_default=True,

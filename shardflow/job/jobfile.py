@@ -45,11 +45,11 @@ from typing import Any, Mapping
 import cloudpickle
 
 from shardflow.errors import JobError
-from shardflow.job import shell_jobfile
-from shardflow.job.jobfile_fn import batch_defaults, job_function
 from shardflow.job.overrides import apply_overrides, parse_overrides, parse_value  # noqa: F401 - public here
 from shardflow.job.shard_job import ShardJob
+from shardflow.job.shell import install_command
 from shardflow.task.spec import JOB_FILE_KEYS, checked_names
+from shardflow.task.worker_fn import PerWorker, SetupCall
 
 __all__ = [
     "JobFile", "load_job", "load_job_file", "job_from_file", "job_summary", "resolve_job_path", "builtin_jobs",
@@ -179,11 +179,45 @@ def load_job_file(spec: str | os.PathLike[str]) -> JobFile:
             sys.modules.pop(name, None)
         raise JobError(f"job file {path}{_error_line(path, exc)}: {type(exc).__name__}: {exc}") from None
     cloudpickle.register_pickle_by_value(module)
-    return _read_conventions(path, shell_jobfile.install_command(module, path))  # COMMAND = "..." files
+    return _read_conventions(path, install_command(module, path))  # COMMAND = "..." files
+
+
+# -- the function a job file gives: process, process_batch, setup() ----------------------------
+# The function a job file defines, read by job/jobfile.py: `process`, `process_batch`, `setup`.
+#
+#     def process(sample): ...            # per sample (or a batch, when BATCH_SIZE is set)
+#     def process_batch(batch): ...       # instead of process: a list of samples; BATCH_SIZE default 64
+#     def setup(): return model           # optional: runs ONCE per worker, before its first task;
+#     def process(sample, state): ...     #   its return value is the second argument of process /
+#                                         #   process_batch (one convention: no module globals to mutate)
+#
+# setup() does not run where the job is only planned or submitted (`shardflow plan`, `k8s`, `argo`):
+# it runs in each worker (process, Dask worker, pod), once; if it raises, the tasks of that worker
+# fail at once with one line naming the error and the run stops.
+DEFAULT_BATCH_SIZE = 64
+
+
+def job_function(module: types.ModuleType, path: Path) -> Any:
+    """The job's fn: process or process_batch, made per worker through setup() when the file has one."""
+    process, batch = getattr(module, "process", None), getattr(module, "process_batch", None)
+    if callable(process) and callable(batch):
+        raise JobError(f"job file {path} defines both process and process_batch; keep one")
+    fn = batch if callable(batch) else process
+    setup = getattr(module, "setup", None)
+    if fn is None or not callable(setup):
+        return fn
+    return PerWorker(SetupCall, (setup, fn), name=f"setup() of {path.name}")
+
+
+def batch_defaults(module: types.ModuleType, defaults: dict[str, Any]) -> dict[str, Any]:
+    """A file with process_batch and no BATCH_SIZE batches by DEFAULT_BATCH_SIZE."""
+    if callable(getattr(module, "process_batch", None)) and defaults.get("batch_size") is None:
+        defaults["batch_size"] = DEFAULT_BATCH_SIZE
+    return defaults
 
 
 def _read_conventions(path: Path, module: types.ModuleType) -> JobFile:
-    fn = job_function(module, path)  # process / process_batch, with setup() when defined (jobfile_fn.py)
+    fn = job_function(module, path)  # process / process_batch, with setup() when defined
     if not callable(fn):
         public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
                         and getattr(v, "__module__", None) == module.__name__)

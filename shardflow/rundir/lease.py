@@ -28,10 +28,11 @@ import uuid
 from typing import Any
 
 from shardflow.errors import JobError
+from shardflow.rundir.layout import LEASE
 from shardflow.rundir.pids import pid_alive
 from shardflow.rundir.run_dir import RunDir
 
-LEASE_NAME = "lease.json"
+LEASE_NAME = LEASE  # rundir.layout owns the name
 DEFAULT_TTL = 60.0  # seconds a lease lives without renewal
 SETTLE = 0.3  # object stores: seconds between the PUT and reading it back
 

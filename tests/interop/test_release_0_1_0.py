@@ -36,7 +36,7 @@ def test_job_pickled_by_0_1_0_loads_into_the_new_classes():
     assert isinstance(job, ShardJob) and job.name == "flip" and job.seed == 7 and job.maxcount == 3
     assert isinstance(job._decoder, Decoder) and isinstance(job._encoder, Encoder)
     context = job.task_context()
-    assert context.decoder is job._decoder and context.seed == 7
+    assert context.decoder is job._decoder and context.spec.seed == 7
 
 
 def test_run_dir_of_0_1_0_resumes_with_identical_bytes(tmp_path, monkeypatch):

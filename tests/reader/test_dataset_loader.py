@@ -490,7 +490,7 @@ def test_gpu_decode_falls_back_to_cpu_without_a_gpu(data):
 
     warned.clear()  # said once per process: make sure this test sees it
     with pytest.warns(UserWarning, match="no CUDA device"):
-        ds = ShardDataset(data["m"], decode="torchrgb8-gpu", batch_size=6)
+        ds = ShardDataset(data["m"], decode="torchrgb8-cuda", batch_size=6)
     assert not ds.gpu_decode
     cpu = list(ShardDataset(data["m"], decode="torchrgb8", batch_size=6))
     got = list(Loader(ds, num_workers=2))

@@ -52,12 +52,12 @@ def both(tmp_path: Path, name: str, inputs: list[Path], *extra: object) -> dict[
     """The same inputs copied by `shardflow run` (a passthrough job file) and by `shardflow split`."""
     job = tmp_path / "copy.py"
     job.write_text(PASSTHROUGH)
-    spec = ",".join(map(str, inputs))
+    spec = f"{inputs[0].parent}/in-{{000..{len(inputs) - 1:03d}}}.tar"
     common = ("-b", "serial", "--no-progress", *extra)
     return {
         "run": shardflow("run", job, "-i", spec, "-o", tmp_path / f"{name}-run" / "{name}-{part}.tar",
                          "--set", "maxcount=100", *common),
-        "split": shardflow("split", *inputs, "-o", tmp_path / f"{name}-split" / "{name}-{part}.tar",
+        "split": shardflow("split", spec, "-o", tmp_path / f"{name}-split" / "{name}-{part}.tar",
                            "--maxcount", 100, *common),
     }
 
@@ -156,3 +156,24 @@ def test_a_registered_backend_is_a_choice_of_run_and_split(tmp_path, monkeypatch
     refused = runner.invoke(main, ["split", *map(str, inputs), "-o", str(tmp_path / "x" / "{name}.tar"),
                                    "--maxcount", "5", "-b", "here", "--address", "tcp://127.0.0.1:1"])
     assert refused.exit_code == 2 and "--address is for --backend dask" in refused.output
+
+
+def test_flags_that_set_job_settings_take_help_and_default_from_jobspec():
+    from shardflow.errors import DEFAULT_ON_ERROR_JOB
+    from shardflow.task.spec import setting_help
+
+    for command, names in (("split", ("maxcount", "maxsize", "on_error", "allow_pipe", "run_dir")),
+                           ("map", ("maxcount", "maxsize", "on_error", "allow_pipe", "run_dir")),
+                           ("sort", ("on_error", "allow_pipe", "run_dir")), ("run", ("run_dir",))):
+        params = {p.name: p for p in main.commands[command].params}
+        for name in names:
+            assert params[name].help == setting_help(name), (command, name)
+        if "on_error" in names:
+            assert params["on_error"].default == DEFAULT_ON_ERROR_JOB
+    assert main.commands["cat"].callback.__module__ == "shardflow.cli.tools_jobs"  # one owner of `cat`
+
+
+def test_heartbeat_0_reaches_the_driver():
+    from shardflow.cli.trying import flag_values
+
+    assert flag_values({"heartbeat": 0.0, "debug": False, "limit": None}) == {"heartbeat": 0.0}
