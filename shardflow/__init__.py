@@ -1,7 +1,8 @@
 """shardflow: resumable, atomic, shard-parallel transforms of WebDataset tar shards.
 
 This is the designed public surface: what a user calls, and nothing else. A job (ShardJob, ShellJob,
-load_job) and what its run returns (RunReport); reading for training (ShardDataset, Loader); reading and
+load_job), its settings (JobSpec; running_spec() inside a running task) and what its run returns
+(RunReport); reading for training (ShardDataset, Loader); reading and
 writing shards in a script (read_samples, iter_samples, TarWriter, ShardWriter, RecordWriter, the
 ShardInfo receipts they return, load_spec); the seed and device helpers a job function calls
 (sample_rng, sample_seed, device_rng, worker_device); every error a user can catch; user codecs
@@ -41,6 +42,8 @@ from shardflow.version import __version__
 # name -> the module that defines it, imported when the name is first used
 _LAZY = {
     "ShardJob": "shardflow.job.shard_job",
+    "JobSpec": "shardflow.task.spec",  # a job's settings as one value (job.spec)
+    "running_spec": "shardflow.task.context",  # the running task's settings, read by a job's function
     "ShellJob": "shardflow.job.shell",
     "load_job": "shardflow.job.jobfile",
     "RunReport": "shardflow.rundir.report",  # what job.run() returns

@@ -21,7 +21,7 @@ USER_NAMES = {
     "RecordWriter", "ShardInfo", "read_samples", "iter_samples", "load_spec", "sample_rng", "sample_seed",
     "device_rng", "worker_device", "register_codec", "Decoder", "Encoder", "__version__", "ShardflowError",
     "FormatError", "SampleError", "DecodeError", "EncodeError", "ShardIOError", "PipeError", "JobError",
-    "SkipSample", "ShardflowWarning",
+    "SkipSample", "ShardflowWarning", "JobSpec", "running_spec",
 }
 INTERNALS = ("Task", "run_task", "RunDir", "iter_members")
 

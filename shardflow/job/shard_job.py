@@ -1,7 +1,10 @@
-"""ShardJob: what the user defines (a per-sample function, inputs, outputs, policies) and its plan.
+"""ShardJob: what the user defines, a function plus its settings as one value (JobSpec), and its plan.
 
-The plan is a list of small Task values computed once from the specs and written to the run
-directory; backends only decide where `run_task(task, job)` executes.
+A job is a value: its settings are a frozen JobSpec (task/spec.py), variants are made with
+`replace()`, and nothing outside sets an attribute (which is refused). What it caches (the plan, the
+codecs, the run directory) is rebuilt where a variant's settings invalidate it. The plan is a list of
+small Task values computed once from the specs and written to the run directory; backends only decide
+where `run_task(task, job.task_context())` executes.
 """
 
 from __future__ import annotations

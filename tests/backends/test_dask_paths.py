@@ -78,6 +78,7 @@ def test_dask_worker_threads_follow_its_thread_count(dask_cluster, dask_client, 
     assert sample["txt"] == b"1"  # conftest's workers: OMP_NUM_THREADS=1 given; kept, not raised
 
 
+@pytest.mark.slow
 def test_limit_threads_sets_the_variables_and_torch(tmp_path):
     pytest.importorskip("torch")
     import subprocess

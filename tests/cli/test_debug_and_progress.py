@@ -77,6 +77,7 @@ def test_debug_raises_the_first_error_with_its_traceback(broken):
     assert tars(tmp_path / "out") == []  # the task stopped at its first error: nothing published
 
 
+@pytest.mark.slow
 def test_limit_runs_a_trial_into_scratch_never_into_the_real_run(broken):
     tmp_path, job, args = broken
     trial = cli("run", *args, "--limit", "2", "-w", "2")
@@ -144,6 +145,7 @@ SLOW_JOB = """
 """
 
 
+@pytest.mark.slow
 def test_heartbeat_lines_while_tasks_run_when_stderr_is_not_a_terminal(tmp_path):
     make_shards(tmp_path / "in", 2, 16)
     job = write_job(tmp_path, SLOW_JOB, "slow.py")
@@ -178,6 +180,7 @@ def test_known_total_reads_the_summary_beside_the_inputs():
     assert known_total(tasks, lambda url: None) is None
 
 
+@pytest.mark.slow
 def test_status_watch_redraws_until_the_run_is_complete(tmp_path):
     make_shards(tmp_path / "in", 2, 16)
     job = write_job(tmp_path, SLOW_JOB, "slow.py")
@@ -196,6 +199,7 @@ def test_status_watch_redraws_until_the_run_is_complete(tmp_path):
     assert lines[-1].endswith("2/2 tasks done, 0 failed, 0 pending; 32 samples in done tasks, 0 sample errors")
 
 
+@pytest.mark.slow
 def test_one_cli_convention_and_python_dash_m(tmp_path):
     make_shards(tmp_path / "in", 1, 2)
     shard = tmp_path / "in" / "in-000000.tar"

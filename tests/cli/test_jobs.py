@@ -79,6 +79,7 @@ def test_job_file_with_a_syntax_error(tmp_path):
     assert f"shardflow: error: job file {job}, line 1: SyntaxError: '(' was never closed" in done.stderr
 
 
+@pytest.mark.slow
 def test_start_up_mistakes(setup):
     tmp_path, job, base = setup
     mismatch = cli("run", job, "--inputs", spec(tmp_path / "in", "in", 3), "--outputs", str(tmp_path / "o-{0..1}.tar"))
@@ -123,6 +124,7 @@ def test_jobs_lists_the_builtin_jobs():
         assert f"\n{name}" in "\n" + done.stdout
 
 
+@pytest.mark.slow
 def test_demo_runs_end_to_end(tmp_path):
     done = cli("demo", "--dir", tmp_path / "demo", "--samples", "8", "--shards", "2", "--workers", "1", timeout=300)
     assert done.returncode == 0, done.stderr

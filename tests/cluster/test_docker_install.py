@@ -112,6 +112,7 @@ def test_torch_extra_is_pinned():
     assert "https://download.pytorch.org/whl/cpu" in script and '"torch"' in script
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("SHARDFLOW_SKIP_INSTALL_TEST") == "1", reason="SHARDFLOW_SKIP_INSTALL_TEST=1")
 @pytest.mark.timeout(600)
 def test_image_install_runs_a_reshard(tmp_path):

@@ -51,6 +51,7 @@ def _check_exactly_once(out: Path, skip: set[int] = frozenset()) -> None:
     assert run_dir.done_ids() == set(range(SHARDS)) - skip
 
 
+@pytest.mark.slow
 def test_indexed_job_survives_a_killed_pod_exactly_once(setup, tmp_path):
     manifest, out = setup("k8s")
     assert manifest["spec"]["completions"] == 3
@@ -63,6 +64,7 @@ def test_indexed_job_survives_a_killed_pod_exactly_once(setup, tmp_path):
     _check_exactly_once(out)
 
 
+@pytest.mark.slow
 def test_evicted_pod_stops_cleanly_and_is_not_counted(setup, tmp_path):
     manifest, out = setup("k8s", "--retries", "0")  # a counted failure would fail the index
     seen = {}
@@ -84,6 +86,7 @@ def test_evicted_pod_stops_cleanly_and_is_not_counted(setup, tmp_path):
     _check_exactly_once(out)
 
 
+@pytest.mark.slow
 def test_truncated_shard_fails_its_index_only(setup, tmp_path):
     manifest, out = setup("k8s", truncate=3)
     run = run_indexed_job(manifest, tmp_path / "pods")
@@ -95,6 +98,7 @@ def test_truncated_shard_fails_its_index_only(setup, tmp_path):
     assert failed["kind"] == "input" and "truncated" in failed["error"]
 
 
+@pytest.mark.slow
 def test_fatal_exit_fails_the_whole_job(setup, tmp_path):
     manifest, out = setup("k8s")
     (out / "_shardflow" / "job.json").unlink()  # no job-file source to rebuild from: the pickle is read
@@ -104,6 +108,7 @@ def test_fatal_exit_fails_the_whole_job(setup, tmp_path):
     assert sum(len(codes) for codes in run.attempts.values()) <= 2  # no retries after FailJob
 
 
+@pytest.mark.slow
 def test_argo_workflow_retries_a_killed_item_then_summarises(setup, tmp_path):
     workflow, out = setup("argo")
     kill = Kill(2, glob_temps(out, "in-00000[45].tar"), signal.SIGKILL)
@@ -120,6 +125,7 @@ def test_argo_workflow_retries_a_killed_item_then_summarises(setup, tmp_path):
     assert summary["stats"]["samples_out"] == SHARDS * PER_SHARD
 
 
+@pytest.mark.slow
 def test_argo_bad_input_is_not_retried_and_fails_the_workflow(setup, tmp_path):
     workflow, out = setup("argo", truncate=0)
     phase, runs = run_workflow(workflow, tmp_path / "pods")

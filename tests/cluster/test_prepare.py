@@ -6,6 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 from click.testing import CliRunner
 
@@ -14,6 +15,7 @@ from shardflow.rundir.run_dir import RunDir
 from tests.support.k8s import input_keys, make_shards, output_keys, shardflow_command, write_job_file
 
 
+@pytest.mark.slow
 def test_k8s_without_credentials_is_one_line(tmp_path):
     path = write_job_file(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_ACCESS", "AWS_SECRET", "AWS_SESSION",

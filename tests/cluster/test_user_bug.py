@@ -85,6 +85,7 @@ def test_the_message_escapes_data_for_the_terminal():
     assert "\\x1b[2Jevil.tar" in message and "bad \\x1b]0;title\\x07" in message
 
 
+@pytest.mark.slow
 def test_processes_backend_stops_too(tmp_path):
     job = _job(tmp_path, broken, shards=8, per=2)
     report = job.run("processes", workers=2, progress=False)

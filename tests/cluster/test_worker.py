@@ -132,6 +132,7 @@ class DownFileSystem(AbstractFileSystem):
     cat_file = ls = info = _open = _refuse
 
 
+@pytest.mark.slow
 def test_unreachable_run_dir_exit_75():
     fsspec.register_implementation("sfdown", DownFileSystem, clobber=True)
     code, _, err = run("sfdown://bucket/run", 0)
@@ -145,6 +146,7 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_cli_unreachable_http_run_dir_exit_75(tmp_path):
     pytest.importorskip("aiohttp")
     url = f"http://127.0.0.1:{_closed_port()}/run"
@@ -165,6 +167,7 @@ def plan_file(tmp: Path, shards: int, **overrides) -> tuple[str, Path]:
     return job.run_dir, out
 
 
+@pytest.mark.slow
 def test_index_from_env_and_usage_errors(tmp_path):
     url, out = plan_file(tmp_path, 2)
     cmd = [*shardflow_command(), "worker", "--run-dir", url]
@@ -178,6 +181,7 @@ def test_index_from_env_and_usage_errors(tmp_path):
     assert subprocess.run(cmd, env=env, capture_output=True, timeout=60).returncode == 78
 
 
+@pytest.mark.slow
 def test_sigterm_discards_the_task_in_progress_and_exits_75(tmp_path):
     url, out = plan_file(tmp_path, 2, sleep=0.2)
     proc = subprocess.Popen([*shardflow_command(), "worker", "--run-dir", url, "--index", "0",

@@ -582,6 +582,7 @@ def test_encoder_output_shape_and_determinism():
     assert decoded["cls"] == 3 and decoded["txt"] == "text" and decoded["json.gz"] == {"k": "v"}
 
 
+@pytest.mark.slow
 def test_determinism_across_processes():
     code = (
         "import hashlib, sys; sys.path.insert(0, '.'); import tests.codecs.test_codecs as t\n"

@@ -116,6 +116,7 @@ def test_a_suffix_on_a_spec_nvjpeg_cannot_give_is_refused_alike(spec, fresh_note
 
 
 # -- the fallback rule, per image ---------------------------------------------------------------------
+@pytest.mark.slow
 def test_refused_images_alone_go_to_the_cpu(fake_nvjpeg, fresh_notes):
     views = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in (GOOD, CMYK, BROKEN, GOOD)]
     with pytest.warns(UserWarning, match="decoded on the CPU"):

@@ -73,6 +73,7 @@ def _opencv_threads(sample):
     return sample
 
 
+@pytest.mark.slow
 def test_pool_workers_run_opencv_on_one_thread(tmp_path, monkeypatch):
     """Worker processes run side by side: like torch, OpenCV gets one thread in each (with the default
     of all cores it took twice the CPU for the same split), also when the driver sets OMP_NUM_THREADS
@@ -145,6 +146,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_loader_loads_opencv_once_before_forking_its_workers(tmp_path):
     """A Loader that decodes images loads OpenCV before it forks its workers (each would otherwise
     load it on its first image, ~15 ms on the way to its first batch); the workers still run it on

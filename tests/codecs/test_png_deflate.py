@@ -89,6 +89,7 @@ print(hashlib.sha256(encode_value("png", img.astype(np.uint8))).hexdigest())
 """
 
 
+@pytest.mark.slow
 def test_same_bytes_on_every_run_and_in_every_process():
     here: list[str] = []
     exec(_DIGEST_SCRIPT, {"print": here.append})  # the same script in this process

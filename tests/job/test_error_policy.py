@@ -215,6 +215,7 @@ def test_io_errors_that_outlive_the_retries_fail_the_task(tmp_path, flaky):
     assert not tars(tmp_path / "out")
 
 
+@pytest.mark.slow
 def test_a_script_without_a_main_guard_is_told_why_its_workers_died(tmp_path):
     """Worker processes import the main script (spawn and forkserver do): unguarded, it would run the
     job again inside each worker. The failure says so, instead of a bare 'worker died'."""

@@ -33,6 +33,7 @@ def _wait_until_workers_write(out: Path, process, timeout: float = 60) -> None:
     time.sleep(0.5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["terminal", "driver-only"])
 def test_first_ctrl_c_aborts_running_tasks_and_starts_no_queued_one(tmp_path, how):
     make_shards(tmp_path / "in", SHARDS, PER_SHARD)

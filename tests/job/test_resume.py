@@ -54,6 +54,7 @@ def _all_inputs_once(tmp_path: Path) -> None:
     assert temp_files(tmp_path / "out") == []
 
 
+@pytest.mark.slow
 def test_sigkill_mid_run_then_rerun_accounts_for_every_sample_once(slow_run):
     tmp_path, args = slow_run
     run_dir = tmp_path / "out" / "_shardflow"
@@ -81,6 +82,7 @@ def test_sigkill_mid_run_then_rerun_accounts_for_every_sample_once(slow_run):
     assert {p: p.stat().st_mtime_ns for p in tars(tmp_path / "out")} == mtimes
 
 
+@pytest.mark.slow
 def test_killed_driver_takes_its_workers_with_it(slow_run):
     tmp_path, args = slow_run
     process = cli_popen(*args, start_new_session=True)
@@ -93,6 +95,7 @@ def test_killed_driver_takes_its_workers_with_it(slow_run):
     assert not alive, f"orphaned workers still running: {alive}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
 def test_interrupt_stops_cleanly_and_a_rerun_finishes(slow_run, how):
     tmp_path, args = slow_run
@@ -118,6 +121,7 @@ def test_interrupt_stops_cleanly_and_a_rerun_finishes(slow_run, how):
     _all_inputs_once(tmp_path)
 
 
+@pytest.mark.slow
 def test_a_different_plan_is_refused_unless_forced(tmp_path):
     make_shards(tmp_path / "in", 3, 2)
     job = write_job(tmp_path, """

@@ -30,6 +30,7 @@ def _texts(directory) -> set[bytes]:
     return {s["txt"] for p in tars(directory) for s in read_samples(str(p))}
 
 
+@pytest.mark.slow
 def test_outputs_that_are_the_inputs_are_refused(data):
     tmp_path, inputs = data
     job = write_job(tmp_path, JOB)
@@ -63,6 +64,7 @@ def test_a_shard_under_a_planned_name_from_elsewhere_is_not_overwritten_silently
     assert refused.returncode == 2 and "in-000000.tar" in refused.stderr
 
 
+@pytest.mark.slow
 def test_a_changed_process_is_detected_and_asks_for_redo_or_resume_anyway(data):
     tmp_path, inputs = data
     job = write_job(tmp_path, JOB)
@@ -123,6 +125,7 @@ def test_library_jobs_fingerprint_the_function_source(data):
     assert code_fingerprint(first)["fingerprint"] != code_fingerprint(other)["fingerprint"]
 
 
+@pytest.mark.slow
 def test_two_jobs_writing_into_one_folder_keep_their_own_run_directories(data):
     tmp_path, inputs = data
     first = write_job(tmp_path, JOB, "first.py")

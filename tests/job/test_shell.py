@@ -53,6 +53,7 @@ def text_shard(path: Path, n: int = 12) -> str:
 
 
 # ------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 @needs_convert
 def test_convert_resizes_every_jpg_and_resumes_after_sigkill(tmp_path):
     """The talk's example: 3 demo shards, convert per sample; SIGKILL mid-run, rerun finishes the rest
@@ -179,6 +180,7 @@ def running(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_clean_environment_and_parallel_output_is_identical(tmp_path, monkeypatch):
     """Only PATH, a UTF-8 locale, a private HOME/TMPDIR and what the user passes reach the command;
     -p 4 runs commands at the same time and still gives the samples of -p 1, in the same order."""
@@ -220,6 +222,7 @@ TIMEOUT = 60
 '''
 
 
+@pytest.mark.slow
 def test_command_job_file_runs_locally_and_as_kubernetes_and_argo(tmp_path):
     """A job file with COMMAND = ... (no process): `shardflow run`, and `shardflow k8s`/`argo` manifests
     whose pods (run by the local pod runner of the k8s tests) do the same work."""

@@ -39,7 +39,7 @@ LOCATIONS = ("inputs", "outputs", "run_dir")  # given on the command line / as a
 
 JOB_FILE = '''"""reports the settings its worker sees."""
 import dataclasses, json
-from shardflow.task.context import running_spec
+from shardflow import running_spec
 
 {settings}
 PARAMS = {{"x": 1}}
@@ -152,7 +152,7 @@ class Reporter:
         self.made = (tag, scale)
 
     def __call__(self, batch):
-        from shardflow.task.context import running_spec
+        from shardflow import running_spec
 
         spec = dataclasses.asdict(running_spec())
         keys = batch["__key__"]

@@ -44,6 +44,7 @@ def test_each_job_documents_how_to_run_it(name):
         assert re.search(rf"^\s+{key}\b|[ ,]{key}\b", loaded.doc, re.M), f"PARAMS key {key!r} is not documented"
 
 
+@pytest.mark.slow
 def test_wheel_ships_the_builtin_jobs(tmp_path):
     """Build a wheel from the source, unpack it, and resolve `augment` from it (no checkout around)."""
     src = tmp_path / "src"

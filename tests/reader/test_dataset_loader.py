@@ -574,6 +574,7 @@ def test_partial_reads_are_not_cached(data, tmp_path):
 # -------------------------------------------------------------------------------- memory
 
 
+@pytest.mark.slow
 def test_memory_and_files_stable_over_20_epochs(tmp_path):
     keys = write_shards(tmp_path, [40, 40, 40], extra=30_000)  # ~3.7 MB per epoch
     ds = ShardDataset(spec_of(tmp_path, 3), decode="torchrgb8", shuffle=50, batch_size=8, seed=0)

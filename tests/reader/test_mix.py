@@ -55,6 +55,7 @@ def test_apportion_is_exact():
     assert sum(apportion(99999, [0.3, 0.7, 1e-3])) == 99999
 
 
+@pytest.mark.slow
 def test_weighted_mixing_over_100k_samples(colls, tmp_path):
     spec = {"dataset": [{"shards": colls["a"], "weight": 0.2}, {"shards": colls["b"], "weight": 0.3},
                         {"shards": colls["c"], "weight": 0.5}], "epoch": 100_000}

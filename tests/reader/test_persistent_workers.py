@@ -44,6 +44,7 @@ def epoch_keys(urls, epoch):
     return keys(loader)
 
 
+@pytest.mark.slow
 def test_kept_workers_run_the_same_epochs_as_fresh_ones(urls):
     loader = Loader(dataset(urls), num_workers=2)
     first = keys(loader)

@@ -99,6 +99,7 @@ def matrix_runs(datasets):
     return runs, meta
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_every_sample_exactly_once_across_ranks_and_workers(datasets, world):
     runs, meta = matrix_runs(datasets)
@@ -125,6 +126,7 @@ def test_every_sample_exactly_once_across_ranks_and_workers(datasets, world):
             assert f"2 shards for {world} readers" in stderr
 
 
+@pytest.mark.slow
 def test_two_shards_six_consumers_and_reruns_are_identical(datasets):
     """2 shards for 2 ranks x 3 workers; with a shuffle, a rerun (new processes, another hash salt)
     gives the very same order on every rank, and another seed a different one."""
@@ -165,6 +167,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_torch_distributed_rank_and_equalize(datasets):
     """With torch.distributed initialised (gloo, no RANK/WORLD_SIZE in the environment) the split
     follows dist.get_rank(), and equalize='drop' keeps a DDP-style loop from hanging."""

@@ -135,6 +135,7 @@ def test_shard_order_depends_on_seed_and_epoch_only():
     assert shard_order(5, 3, 0, False) == list(range(5))
 
 
+@pytest.mark.slow
 def test_mix_is_stable_across_processes():
     """mix() must not depend on Python's per-process hash salt."""
     code = "from shardflow.reader.split import mix; print(mix(1, 2, 3), mix(2**70, -5))"

@@ -45,6 +45,7 @@ def _wait_for(path: Path, timeout: float = 60) -> None:
 # -- 16: the lease ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_second_driver_is_refused_naming_the_holder(setup):
     tmp_path, job, args, run_dir = setup
     first = cli_popen("run", job, *args, "--set", "sleep=0.3")
@@ -77,6 +78,7 @@ def _foreign_lease(run_dir: Path, expires_in: float) -> None:
         "ttl": 60}))
 
 
+@pytest.mark.slow
 def test_steal_takes_only_an_expired_lease(setup):
     tmp_path, job, args, run_dir = setup
     _foreign_lease(run_dir, 600)
@@ -90,6 +92,7 @@ def test_steal_takes_only_an_expired_lease(setup):
     assert len(tars(tmp_path / "out")) == 2
 
 
+@pytest.mark.slow
 def test_workers_do_not_take_the_lease(setup):
     tmp_path, job, args, run_dir = setup
     assert cli("plan", job, *args[:-2], "--run-dir", run_dir).returncode == 0
@@ -130,6 +133,7 @@ class _Trap:
         return (os.mkdir, (self.path,))
 
 
+@pytest.mark.slow
 def test_status_plan_and_finalize_never_unpickle_job_pkl(setup):
     tmp_path, job, args, run_dir = setup
     assert cli("run", job, *args).returncode == 0

@@ -169,6 +169,7 @@ def test_webdataset_reads_our_cbors(tmp_path):
     assert got == _samples(30)
 
 
+@pytest.mark.slow
 def test_job_and_cli_read_and_write_records(tmp_path):
     src = tmp_path / "src"
     src.mkdir()

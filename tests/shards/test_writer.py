@@ -352,6 +352,7 @@ def test_write_error_is_a_shard_io_error(tmp_path):
 # the background hashing/writing threads
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [10, 3000, 40_000, 300_000, 3_000_000])
 def test_threaded_and_plain_writers_give_the_same_bytes_and_receipt(tmp_path, size):
     samples = make_samples(60, size=lambda i: size + i)
@@ -367,6 +368,7 @@ def test_threaded_and_plain_writers_give_the_same_bytes_and_receipt(tmp_path, si
     assert (tmp_path / "t-True.tar").read_bytes() == (tmp_path / "t-False.tar").read_bytes()
 
 
+@pytest.mark.slow
 def test_error_in_the_writing_thread_reaches_the_caller(tmp_path):
     w = TarWriter("pipe:exec 0<&-; sleep 5", allow_pipe=True)  # a reader that went away
     t0 = time.monotonic()

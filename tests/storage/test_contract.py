@@ -320,6 +320,7 @@ def test_shardwriter_error_keeps_committed_shards_only(store):
         assert len(list(read_samples(store.url(f"sw/{name}"), storage_options=options))) == 11
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [200_000, 20 * MB], ids=["small", "large"])
 def test_dropped_writer_publishes_nothing(store, size):
     url = store.url(f"gc/dropped-{size}.tar")

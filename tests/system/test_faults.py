@@ -154,6 +154,7 @@ def _can_mount_tmpfs(mountpoint: Path) -> bool:
     return probe.returncode == 0
 
 
+@pytest.mark.slow
 def test_disk_full_beside_the_outputs_names_the_file_and_the_task(tmp_path):
     """A real full filesystem: a 400 KiB tmpfs in a private mount namespace (unshare -rm)."""
     mnt = tmp_path / "mnt"

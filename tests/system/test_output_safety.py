@@ -131,6 +131,7 @@ def test_float_images_out_of_range_are_refused(scale, words):
     assert decode_value("png", encode_value("png", edge), "rgb8")[0, 0].tolist() == [255, 0, 128]
 
 
+@pytest.mark.slow
 def test_float_tensor_out_of_range_in_a_job_is_one_sample_error(tmp_path):
     make_shards(tmp_path / "in", 1, 3)
     job = write_job(tmp_path, """
@@ -161,6 +162,7 @@ def test_pkl_decodes_when_pickle_is_allowed():
 # -- URL passwords are never written down -----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_url_passwords_stay_out_of_the_run_directory(tmp_path):
     make_shards(tmp_path / "in", 2, 3, bad={"s000001"})
     (tmp_path / "in" / "in-000002.tar").write_bytes(b"garbage" * 200)  # a task that fails

@@ -7,6 +7,8 @@ import os
 import signal
 import time
 
+import pytest
+
 from shardflow.shards.samples import read_samples
 from tests.job.test_resume import SHARDS, _all_inputs_once, _wait_for_markers
 from tests.support.jobs import cli, cli_popen, make_shards, spec, tars, temp_files, write_job
@@ -23,6 +25,7 @@ SLOW_BATCHES = """
 """
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_a_batched_run_cleanly_and_a_rerun_finishes(tmp_path):
     make_shards(tmp_path / "in", SHARDS, 16)
     job = write_job(tmp_path, SLOW_BATCHES, "slow_batches.py")

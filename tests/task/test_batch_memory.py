@@ -12,6 +12,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from shardflow.shards.writer import TarWriter
 
 MIB = 1 << 20
@@ -33,6 +35,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_rss_is_bounded_by_batches_not_the_shard(tmp_path):
     shard = tmp_path / "big-000000.tar"
     block = bytes(range(256)) * (MIB // 256)

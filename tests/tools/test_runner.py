@@ -99,6 +99,7 @@ def test_an_option_the_backend_does_not_take_is_exit_2_for_run_and_split(tmp_pat
         assert not (tmp_path / f"bad-{command}").exists()  # nothing planned, nothing written
 
 
+@pytest.mark.slow
 def test_sigterm_stops_split_with_130_and_a_rerun_resumes(tmp_path):
     inputs = make_inputs(tmp_path / "in", shards=4)
     slow = [f"pipe:sleep 1; cat {path}" for path in inputs]  # each task takes a second at least
