@@ -25,7 +25,6 @@ import cloudpickle
 
 from shardflow.rundir.layout import JOB_PICKLE, JOB_RECORD
 from shardflow.rundir.run_dir import RunDir
-from shardflow.storage.options import redact, strip_redacted
 from shardflow.version import __version__
 
 if TYPE_CHECKING:
@@ -142,9 +141,7 @@ def save_job(run_dir: RunDir, job: ShardJob) -> None:
     Secret storage options (keys, tokens, passwords) are left out: whoever loads the job takes
     credentials from its own environment or from `${VAR}` references, never from this file.
     """
-    spec = job.spec
-    stored = job.replace(storage_options=strip_redacted(redact(spec.storage_options)),
-                         inputs=redact(spec.inputs), outputs=redact(spec.outputs))  # URL passwords: memory only
+    stored = job.replace(**job.spec.redactions())  # credentials and URL passwords: memory only
     run_dir.write_bytes(JOB_PICKLE, cloudpickle.dumps(stored))
     run_dir.write_json(RECORD, job_record(stored))  # versions (checked before unpickling), job-file source
 

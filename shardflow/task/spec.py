@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from shardflow.errors import DEFAULT_ON_ERROR_JOB, JobError, check_on_error
+from shardflow.storage.options import redact, strip_redacted
 from shardflow.task.devices import DEVICES
 
 LOCATION, SHAPE, POLICY, SECRET, FUNCTION, IDENTITY, RUNTIME = (
@@ -124,9 +125,22 @@ class JobSpec:
 
     def record_settings(self) -> dict[str, Any]:
         """Every field a rebuilt job needs (job.json): all but runtime ones, the run directory (the
-        worker binds its own) and the function's own arguments (a job file has none)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+        worker binds its own) and the function's own arguments (a job file has none); redacted."""
+        safe = self.replace(**self.redactions())
+        return {f.name: getattr(safe, f.name) for f in dataclasses.fields(self)
                 if f.metadata["role"] not in (RUNTIME, FUNCTION) and f.name != "run_dir"}
+
+    def redactions(self) -> dict[str, Any]:
+        """The changes that make this spec safe to write down (job.pkl, job.json): secret fields without
+        their credentials (dropped, so a worker takes its own), URL passwords out of the locations."""
+        changes: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.metadata["role"] == SECRET:
+                changes[f.name] = strip_redacted(redact(value))
+            elif f.metadata["role"] == LOCATION and f.name != "run_dir":
+                changes[f.name] = redact(value)
+        return changes
 
     def replace(self, **changes: Any) -> JobSpec:
         """A copy with `changes` (unknown names refused with the valid ones)."""
