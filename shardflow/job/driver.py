@@ -19,6 +19,7 @@ from shardflow.rundir.tasks import Task, TaskResult
 if TYPE_CHECKING:
     from shardflow.job.shard_job import ShardJob
 
+
 def run_job(job: "ShardJob", backend: str = "processes", *, steal: bool = False, **options: Any) -> RunReport:
     """Plan (once), run the pending tasks on `backend`, and return the merged report.
 
