@@ -23,11 +23,10 @@ import warnings
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from tar_corruption import KINDS, build, build_stdlib, corrupt, judge, judge_raise, random_spec, read  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: tests.support
 
 from shardflow import ShardflowWarning  # noqa: E402
+from tests.support.tar_corruption import KINDS, build, build_stdlib, corrupt, judge, judge_raise, random_spec, read  # noqa: E402
 
 WRITERS = {
     "shardflow": build,

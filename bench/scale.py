@@ -42,7 +42,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from shardflow import ShardJob, TarWriter  # noqa: E402
-from shardflow.rundir.run_dir import RunDir, task_name  # noqa: E402
+from shardflow.rundir.layout import done_file  # noqa: E402
+from shardflow.rundir.run_dir import RunDir  # noqa: E402
 from shardflow.rundir.stats import Stats  # noqa: E402
 from shardflow.rundir.status import read_status  # noqa: E402
 from shardflow.rundir.summaries import SPAN, block_of, write_block  # noqa: E402
@@ -97,11 +98,11 @@ def write_markers(rd: RunDir, n: int, out: str, *, summaries: bool) -> None:
     if rd._local:
         os.makedirs(f"{rd.path}/done", exist_ok=True)
         for t in range(n):
-            with open(f"{rd.path}/done/{task_name(t)}.json", "w") as f:
+            with open(f"{rd.path}/{done_file(t)}", "w") as f:
                 json.dump(_record(t, out), f)
     else:
         for start in range(0, n, 2000):
-            rd.fs.pipe({f"{rd.path}/done/{task_name(t)}.json": json.dumps(_record(t, out)).encode()
+            rd.fs.pipe({f"{rd.path}/{done_file(t)}": json.dumps(_record(t, out)).encode()
                         for t in range(start, min(n, start + 2000))})
     if summaries:
         for first in range(0, n - n % SPAN, SPAN):  # the last, partial chunk is left to the pod below
@@ -167,7 +168,7 @@ def run_dir_rows(n: int, base: str, options: dict | None, env: dict[str, str], r
         requests.take()
     last = (n - 1) // 10
     for t in range(last * 10, n):
-        rd.remove(f"done/{task_name(t)}.json")
+        rd.remove(done_file(t))
     make_inputs(inputs, range(last * 10, n), options)
     if requests:
         requests.take()
@@ -278,8 +279,9 @@ def per_task_rows(counts: list[int], tmp: str, backends: tuple[str, ...] = ("pro
 def start_s3(args: argparse.Namespace, tmp: str) -> tuple[Any, str]:
     if args.endpoint:
         return None, args.endpoint
-    sys.path.insert(0, str(REPO / "tests"))
-    from conftest import S3Server, _find_executable  # the test suite's SeaweedFS launcher
+    sys.path.insert(0, str(REPO))  # the repository root: tests.support
+    from tests.support.processes import _find_executable
+    from tests.support.s3 import S3Server  # the test suite's SeaweedFS launcher
 
     weed = _find_executable("weed")
     if weed is None:
