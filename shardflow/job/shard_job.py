@@ -27,7 +27,7 @@ from shardflow.shards.spec import is_spec
 from shardflow.storage import options as so
 from shardflow.storage.specs import count
 from shardflow.task.context import TaskContext
-from shardflow.task.spec import SETTING_NAMES, UNLIMITED, JobSpec, checked_names, setting_default
+from shardflow.task.spec import SETTING_NAMES, UNLIMITED, JobSpec, setting_default
 from shardflow.task.worker_fn import PerWorker, SetupCall, per_worker
 
 __all__ = ["ShardJob", "UNLIMITED"]
@@ -68,8 +68,7 @@ class ShardJob:
         if not callable(fn) and not isinstance(fn, PerWorker):
             raise JobError(f"fn must be callable, got {type(fn).__name__}")
         located = {k: v for k, v in (("inputs", inputs), ("outputs", outputs)) if v is not None}
-        checked_names(settings)
-        spec = (spec or JobSpec()).replace(**located, **settings)
+        spec = (spec or JobSpec()).replace(**located, **settings)  # unknown names refused there
         made = per_worker(fn, spec.fn_args, spec.fn_kwargs)  # a class: made once per worker
         if spec.name is None:
             spec = spec.replace(name=getattr(fn, "__name__", None) or getattr(made, "label", "job"))
