@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from shardflow.cluster.contract import EXIT_RETRY, EXIT_STOP, WorkerExit
 from shardflow.errors import JobError
-from shardflow.job.jobrecord import RECORD, load_job_pickle, version_mismatch
-from shardflow.rundir.layout import JOB_PICKLE
+from shardflow.job.jobrecord import load_job_pickle, version_mismatch
+from shardflow.rundir.layout import JOB_PICKLE, JOB_RECORD
 from shardflow.rundir.run_dir import RunDir
 
 if TYPE_CHECKING:
@@ -35,13 +35,13 @@ def _read(run_dir: RunDir, name: str) -> bytes | None:
 
 def read_record(run_dir: RunDir) -> dict[str, Any] | None:
     """job.json of the run directory, or None when it has none (written by shardflow before 0.2)."""
-    data = _read(run_dir, RECORD)
+    data = _read(run_dir, JOB_RECORD)
     if data is None:
         return None
     try:
         record = json.loads(data)
     except ValueError as exc:
-        raise WorkerExit(EXIT_STOP, f"{run_dir.url}/{RECORD} is not JSON ({exc}); prepare the run again") from exc
+        raise WorkerExit(EXIT_STOP, f"{run_dir.url}/{JOB_RECORD} is not JSON ({exc}); prepare the run again") from exc
     return record if isinstance(record, dict) else None
 
 
@@ -69,7 +69,7 @@ def rebuild_from_source(job_file: dict[str, Any], where: str) -> ShardJob:
 def load_job(run_dir: RunDir) -> ShardJob:
     """The job of `run_dir` for this pod (see the module docstring); WorkerExit says why not."""
     record = read_record(run_dir)
-    where = f"{run_dir.url}/{RECORD}"
+    where = f"{run_dir.url}/{JOB_RECORD}"
     if record is not None and record.get("job_file"):
         return rebuild_from_source(record["job_file"], where)
     if record is not None:

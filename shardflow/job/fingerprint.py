@@ -22,6 +22,8 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
+from shardflow.rundir.layout import own_run_dir_name
+
 if TYPE_CHECKING:
     from shardflow.job.shard_job import ShardJob
 
@@ -102,6 +104,5 @@ def default_run_dir_name(job: "ShardJob") -> str:
     The hex digits hash the job's name and output spec (not its code: a code change must be found in the
     same run directory, not start a new one silently).
     """
-    name = "".join(c if c.isalnum() or c in "-_" else "_" for c in str(job.name))[:40] or "job"
     outputs = job.outputs if isinstance(job.outputs, str) else list(job.outputs)
-    return f"_shardflow-{name}-{_sha(json.dumps([job.name, outputs]))[:8]}"
+    return own_run_dir_name(job.name, _sha(json.dumps([job.name, outputs]))[:8])

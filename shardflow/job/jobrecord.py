@@ -30,7 +30,6 @@ from shardflow.version import __version__
 if TYPE_CHECKING:
     from shardflow.job.shard_job import ShardJob
 
-RECORD = JOB_RECORD
 JOB_FILE_MODULE_PREFIX = "_shardflow_job_"  # job.jobfile's private module names
 
 # where job.pkl files of earlier releases name shardflow's classes -> where they live now
@@ -143,7 +142,7 @@ def save_job(run_dir: RunDir, job: ShardJob) -> None:
     """
     stored = job.replace(**job.spec.redactions())  # credentials and URL passwords: memory only
     run_dir.write_bytes(JOB_PICKLE, cloudpickle.dumps(stored))
-    run_dir.write_json(RECORD, job_record(stored))  # versions (checked before unpickling), job-file source
+    run_dir.write_json(JOB_RECORD, job_record(stored))  # versions (checked before unpickling), job-file source
 
 
 class _MovedNames(pickle.Unpickler):

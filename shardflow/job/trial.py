@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from shardflow.errors import JobError
+from shardflow.rundir.layout import scratch_name
 from shardflow.rundir.run_dir import RunDir
 from shardflow.rundir.tasks import Task
 from shardflow.storage.paths import join
@@ -19,14 +20,12 @@ from shardflow.storage.paths import join
 if TYPE_CHECKING:
     from shardflow.job.shard_job import ShardJob
 
-SCRATCH_PREFIX = "_shardflow-limit-"
 
 
 def scratch_folder(job: ShardJob) -> str:
     """Where the trials of `job` write: a folder beside its (first) output."""
     first = job.plan()[0].output
-    name = "".join(c if c.isalnum() or c in "-_" else "_" for c in str(job.name))[:40] or "job"
-    return join(first.rpartition("/")[0] or ".", SCRATCH_PREFIX + name)
+    return join(first.rpartition("/")[0] or ".", scratch_name(job.name))
 
 
 def _base(url: str) -> str:

@@ -12,7 +12,9 @@
     summary.json           the merged report of the last run (its shard list is the reader's manifest)
 
 The default run directory is `_shardflow` beside the outputs, which is also where the reader and the
-progress bar look for the summary of shards a run wrote (`summary_beside`).
+progress bar look for the summary of shards a run wrote (`summary_beside`); beside it may stand
+`_shardflow-<job>-<hash>` (another job's run directory over the same folder) and `_shardflow-limit-<job>`
+(trial runs).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ SUMMARY = "summary.json"
 DONE, FAILED, ERRORS, SUMMARIES, PLAN_CHUNKS = "done", "failed", "errors", "summaries", "plan"
 OWN_FOLDERS = ("", DONE, FAILED, ERRORS, SUMMARIES, PLAN_CHUNKS)  # every folder a run directory writes
 DEFAULT_NAME = "_shardflow"  # the run directory beside a job's outputs
+SCRATCH_PREFIX = DEFAULT_NAME + "-limit-"  # a job's trial runs (--limit): `_shardflow-limit-<job>`
 
 
 def task_name(task_id: int) -> str:
@@ -44,6 +47,21 @@ def failed_file(task_id: int) -> str:
 
 def errors_file(task_id: int) -> str:
     return f"{ERRORS}/{task_name(task_id)}.jsonl"
+
+
+def job_label(name: object) -> str:
+    """A job's name as it appears in the folder names below (letters, digits, - and _; at most 40)."""
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in str(name))[:40] or "job"
+
+
+def own_run_dir_name(name: object, digest: str) -> str:
+    """`_shardflow-<job>-<digest>`: the run directory of a job whose outputs share a folder with another's."""
+    return f"{DEFAULT_NAME}-{job_label(name)}-{digest}"
+
+
+def scratch_name(name: object) -> str:
+    """`_shardflow-limit-<job>`: the folder a job's trial runs write to, beside its outputs."""
+    return SCRATCH_PREFIX + job_label(name)
 
 
 def summary_beside(shard_folder: str) -> str:

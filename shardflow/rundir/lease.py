@@ -32,7 +32,6 @@ from shardflow.rundir.layout import LEASE
 from shardflow.rundir.pids import pid_alive
 from shardflow.rundir.run_dir import RunDir
 
-LEASE_NAME = LEASE  # rundir.layout owns the name
 DEFAULT_TTL = 60.0  # seconds a lease lives without renewal
 SETTLE = 0.3  # object stores: seconds between the PUT and reading it back
 
@@ -74,7 +73,7 @@ class RunLease:
 
     def _read(self) -> dict[str, Any] | None:
         try:
-            return json.loads(self.run_dir.read_bytes(LEASE_NAME))
+            return json.loads(self.run_dir.read_bytes(LEASE))
         except FileNotFoundError:
             return None
         except ValueError:  # a torn or foreign file: treat as expired
@@ -83,7 +82,7 @@ class RunLease:
     def _create_local(self) -> bool:
         """Create lease.json only if absent, whole: written to a temp name, then hard-linked into place
         (link fails when the name exists), so no reader ever sees a created but still empty lease."""
-        path = self.run_dir._path(LEASE_NAME)
+        path = self.run_dir._path(LEASE)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         temp = f"{path}.{self.token}.new"
         with open(temp, "w") as f:
@@ -116,7 +115,7 @@ class RunLease:
                     "it has expired)")
             raise LeaseHeld(f"run directory {self.run_dir.url} is in use by another driver: "
                             f"{describe_holder(held)}{hint}")
-        self.run_dir.write_bytes(LEASE_NAME, json.dumps(self._record()).encode())
+        self.run_dir.write_bytes(LEASE, json.dumps(self._record()).encode())
         if not self.run_dir._local:
             time.sleep(SETTLE)
         now = self._read()
@@ -138,7 +137,7 @@ class RunLease:
                     print(f"shardflow: warning: the lease on {self.run_dir.url} was taken by {self.lost}; "
                           "two drivers now run this job", file=sys.stderr)
                     return
-                self.run_dir.write_bytes(LEASE_NAME, json.dumps(self._record()).encode())
+                self.run_dir.write_bytes(LEASE, json.dumps(self._record()).encode())
             except Exception:  # noqa: BLE001 - a store hiccup: try again at the next renewal
                 continue
 
@@ -149,7 +148,7 @@ class RunLease:
         try:
             held = self._read()
             if held is not None and held.get("token") == self.token:
-                self.run_dir.remove(LEASE_NAME)
+                self.run_dir.remove(LEASE)
         except Exception:  # noqa: BLE001 - never hide the run's own outcome behind a cleanup failure
             pass
 

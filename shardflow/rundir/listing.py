@@ -12,7 +12,6 @@ import json
 import os
 from typing import Any, Callable, Iterator
 
-from shardflow.rundir.layout import OWN_FOLDERS, SUMMARIES, task_name  # noqa: F401 - names callers import here
 from shardflow.storage.atomic import is_own_temp
 from shardflow.storage.protocols import protocol_of_fs
 

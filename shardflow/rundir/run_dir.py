@@ -11,10 +11,8 @@ import json
 from typing import Any, Iterable, Iterator
 
 from shardflow.errors import JobError, ShardIOError
-from shardflow.rundir.layout import PLAN, SUMMARY, done_file, errors_file, failed_file
+from shardflow.rundir.layout import OWN_FOLDERS, PLAN, SUMMARIES, SUMMARY, done_file, errors_file, failed_file
 from shardflow.rundir.listing import (
-    OWN_FOLDERS,
-    SUMMARIES,
     TEMP_TAG,
     KnownNames,
     cat_options,

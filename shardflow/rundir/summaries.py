@@ -13,8 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from shardflow.rundir.layout import done_file
-from shardflow.rundir.listing import SUMMARIES
+from shardflow.rundir.layout import SUMMARIES, done_file
 from shardflow.rundir.stats import Stats
 
 RunDir = Any  # rundir.run_dir.RunDir, which imports this module (summary_ranges in done_ids)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from shardflow.rundir.lease import LEASE_NAME
+from shardflow.rundir.layout import LEASE
 from tests.support.jobs import cli, cli_popen, make_shards, spec, tars, write_job
 
 COPY_JOB = """
@@ -50,8 +50,8 @@ def test_a_second_driver_is_refused_naming_the_holder(setup):
     tmp_path, job, args, run_dir = setup
     first = cli_popen("run", job, *args, "--set", "sleep=0.3")
     try:
-        _wait_for(run_dir / LEASE_NAME)
-        lease = json.loads((run_dir / LEASE_NAME).read_text())
+        _wait_for(run_dir / LEASE)
+        lease = json.loads((run_dir / LEASE).read_text())
         assert lease["pid"] == first.pid and lease["host"] == socket.gethostname()
         second = cli("run", job, *args, "--set", "sleep=0.3")
         assert second.returncode == 2, second.stderr
@@ -68,12 +68,12 @@ def test_a_second_driver_is_refused_naming_the_holder(setup):
             first.kill()
             first.wait(30)
     assert len(tars(tmp_path / "out")) == 2
-    assert not (run_dir / LEASE_NAME).exists()  # released at the end
+    assert not (run_dir / LEASE).exists()  # released at the end
 
 
 def _foreign_lease(run_dir: Path, expires_in: float) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / LEASE_NAME).write_text(json.dumps({
+    (run_dir / LEASE).write_text(json.dumps({
         "token": "x", "user": "bob", "host": "other-host.example", "pid": 4242, "expires": time.time() + expires_in,
         "ttl": 60}))
 
