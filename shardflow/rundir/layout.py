@@ -19,6 +19,8 @@ progress bar look for the summary of shards a run wrote (`summary_beside`); besi
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 from shardflow.storage.paths import join
 
 PLAN = "plan.json"
@@ -30,6 +32,21 @@ DONE, FAILED, ERRORS, SUMMARIES, PLAN_CHUNKS = "done", "failed", "errors", "summ
 OWN_FOLDERS = ("", DONE, FAILED, ERRORS, SUMMARIES, PLAN_CHUNKS)  # every folder a run directory writes
 DEFAULT_NAME = "_shardflow"  # the run directory beside a job's outputs
 SCRATCH_PREFIX = DEFAULT_NAME + "-limit-"  # a job's trial runs (--limit): `_shardflow-limit-<job>`
+
+
+class RunFiles(Protocol):
+    """The file operations of a run directory (RunDir has them), for the modules RunDir itself calls
+    (plan_store, summaries): typed so rather than as RunDir, with no import cycle."""
+
+    def read_json(self, name: str) -> Any: ...
+
+    def write_json(self, name: str, obj: Any) -> None: ...
+
+    def write_bytes(self, name: str, data: bytes) -> None: ...
+
+    def list_names(self, folder: str) -> list[str]: ...
+
+    def read_many(self, names: list[str], *, parse: bool = True) -> list[Any]: ...
 
 
 def task_name(task_id: int) -> str:

@@ -12,24 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Iterable, Iterator, Protocol
+from typing import Any, Iterable, Iterator
 
-from shardflow.rundir.layout import PLAN
+from shardflow.rundir.layout import PLAN, RunFiles
 from shardflow.rundir.plan_table import TaskTable, as_json
 from shardflow.rundir.tasks import Task
 from shardflow.storage.options import redact_urls_deep
-
-
-class PlanFiles(Protocol):
-    """The three file operations the plan store needs of a run directory (RunDir has them); typed so
-    rather than as RunDir, which calls this module: no import cycle between the two."""
-
-    def read_json(self, name: str) -> Any: ...
-
-    def write_json(self, name: str, value: Any) -> None: ...
-
-    def write_bytes(self, name: str, data: bytes) -> None: ...
-
 
 PLAN_VERSION = 2
 PLAN_CHUNK = 1_000  # tasks per plan/chunk-NNNNNN.json
@@ -70,7 +58,7 @@ def chunk_name(chunk: int) -> str:
     return f"plan/chunk-{chunk:06d}.json"
 
 
-def store_plan(run_dir: PlanFiles, plan: dict[str, Any], fingerprint: str) -> None:
+def store_plan(run_dir: RunFiles, plan: dict[str, Any], fingerprint: str) -> None:
     """Write `plan` (its "tasks": Task objects or their JSON, or its "table": job.lazy_plan) in the version-2
     layout: chunk files first, plan.json last. Tasks become JSON one at a time, never all at once."""
     table: dict[str, Any] | None = plan.get("table")
@@ -99,7 +87,7 @@ def task_count(plan: dict[str, Any]) -> int:
     return int(plan["task_count"]) if "task_count" in plan else len(plan.get("tasks", []))
 
 
-def load_tasks(run_dir: PlanFiles, plan: dict[str, Any], ids: Iterable[int]) -> Iterator[Task]:
+def load_tasks(run_dir: RunFiles, plan: dict[str, Any], ids: Iterable[int]) -> Iterator[Task]:
     """The tasks `ids` of a stored plan, reading only what they need (any version)."""
     if "task_count" not in plan:  # version 1: every task in plan.json
         tasks = plan.get("tasks", [])
@@ -109,7 +97,7 @@ def load_tasks(run_dir: PlanFiles, plan: dict[str, Any], ids: Iterable[int]) -> 
     return _from_chunks(run_dir, plan, ids)
 
 
-def _from_chunks(run_dir: PlanFiles, plan: dict[str, Any], ids: Iterable[int]) -> Iterator[Task]:
+def _from_chunks(run_dir: RunFiles, plan: dict[str, Any], ids: Iterable[int]) -> Iterator[Task]:
     per = int(plan.get("plan_chunk", PLAN_CHUNK))
     loaded: dict[int, list[dict[str, Any]]] = {}
     for task_id in ids:
@@ -120,6 +108,6 @@ def _from_chunks(run_dir: PlanFiles, plan: dict[str, Any], ids: Iterable[int]) -
         yield Task.from_json(loaded[chunk][task_id - chunk * per])
 
 
-def task_jsons(run_dir: PlanFiles, plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def task_jsons(run_dir: RunFiles, plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """Every task of a stored plan as JSON, in order (for the refusal message of a different plan)."""
     return (t.to_json() for t in load_tasks(run_dir, plan, range(task_count(plan))))

@@ -13,10 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from shardflow.rundir.layout import SUMMARIES, done_file
+from shardflow.rundir.layout import SUMMARIES, RunFiles, done_file
 from shardflow.rundir.stats import Stats
-
-RunDir = Any  # rundir.run_dir.RunDir, which imports this module (summary_ranges in done_ids)
 
 SPAN = 1_000  # tasks per summary written by the driver / finalize
 
@@ -50,7 +48,7 @@ class Block:
         return {"first": self.first, "stop": self.stop, "stats": self.stats.to_json(), "shards": self.shards}
 
 
-def write_block(run_dir: RunDir, block: Block) -> None:
+def write_block(run_dir: RunFiles, block: Block) -> None:
     run_dir.write_json(summary_name(block.first, block.stop), block.to_json())
 
 
@@ -75,7 +73,7 @@ def summary_ranges(names: Iterable[str]) -> list[tuple[int, int]]:
     return chosen
 
 
-def read_blocks(run_dir: RunDir, tasks: int) -> dict[int, Block]:
+def read_blocks(run_dir: RunFiles, tasks: int) -> dict[int, Block]:
     """Non-overlapping summaries inside [0, tasks), keyed by first task id (larger ranges preferred)."""
     chosen = [r for r in summary_ranges(run_dir.list_names(SUMMARIES)) if r[1] <= tasks]
     blocks: dict[int, Block] = {}
@@ -88,7 +86,7 @@ def read_blocks(run_dir: RunDir, tasks: int) -> dict[int, Block]:
 class SpanWriter:
     """Collects consecutive done tasks and writes a summary for each SPAN-aligned range found whole."""
 
-    def __init__(self, run_dir: RunDir, tasks: int, existing: Iterable[tuple[int, int]]) -> None:
+    def __init__(self, run_dir: RunFiles, tasks: int, existing: Iterable[tuple[int, int]]) -> None:
         self.run_dir, self.tasks, self.existing = run_dir, tasks, set(existing)
         self.block: Block | None = None
         self.count = 0
@@ -114,7 +112,7 @@ class SpanWriter:
             self.written += 1
 
 
-def merged_done(run_dir: RunDir, tasks: int, done_ids: set[int]) -> tuple[Stats, int]:
+def merged_done(run_dir: RunFiles, tasks: int, done_ids: set[int]) -> tuple[Stats, int]:
     """Merged stats and shard count of the done tasks of a plan of tasks 0..tasks-1: summaries where
     they exist, markers (fetched in batches) elsewhere."""
     stats, shards = Stats(), 0
