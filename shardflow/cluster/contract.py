@@ -26,6 +26,11 @@ EXIT_CODES = {
 }
 
 INDEX_ENV = "JOB_COMPLETION_INDEX"  # set by Kubernetes Indexed Jobs
+SLURM_INDEX_ENV = "SLURM_ARRAY_TASK_ID"  # set by Slurm in each task of a job array
+# Signals that stop a worker cleanly (its temp outputs removed, exit EXIT_RETRY): SIGTERM (eviction, scancel,
+# a node draining), SIGINT, and SIGUSR1, the warning Slurm sends before a time limit or preemption
+# (`sbatch --signal=B:USR1@90`, passed on by the script), after which the array task requeues itself.
+STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1")
 
 
 class WorkerExit(Exception):

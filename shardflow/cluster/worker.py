@@ -24,6 +24,7 @@ from shardflow.cluster.contract import (
     EXIT_OK,
     EXIT_RETRY,
     EXIT_STOP,
+    STOP_SIGNALS,
     WorkerExit,
     chunk_of,
     exit_code,
@@ -41,8 +42,9 @@ from shardflow.task.threads import limit_threads
 
 
 class Preempted(BaseException):
-    """Raised by the SIGTERM/SIGINT handler. A BaseException, so that run_task does not record it as a
-    task failure: the writers abort (nothing half-written stays visible) and the worker exits 75."""
+    """Raised by the handler of STOP_SIGNALS (SIGTERM, SIGINT, Slurm's warning SIGUSR1). A BaseException,
+    so that run_task does not record it as a task failure: the writers abort (nothing half-written stays
+    visible) and the worker exits 75."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -50,8 +52,9 @@ class Preempted(BaseException):
 
 
 @contextlib.contextmanager
-def stop_on_signals(signums: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> Iterator[None]:
-    """Turn SIGTERM/SIGINT into `Preempted` while the block runs (main thread only)."""
+def stop_on_signals(signums: tuple[int, ...] = tuple(getattr(signal, name) for name in STOP_SIGNALS)
+                    ) -> Iterator[None]:
+    """Turn STOP_SIGNALS into `Preempted` while the block runs (main thread only)."""
 
     def handler(signum: int, frame: Any) -> None:
         raise Preempted(signum)
