@@ -7,7 +7,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardflow.rundir.layout import SUMMARY, done_file, errors_file
+from shardflow.errors import JobError
+from shardflow.rundir.layout import LAST_RUN, SUMMARY, done_file, errors_file
 from shardflow.rundir.run_dir import RunDir
 from shardflow.rundir.stats import Stats
 from shardflow.rundir.summaries import Block, SpanWriter, read_blocks
@@ -16,6 +17,14 @@ from shardflow.rundir.tracebacks import TraceCollector, describe_traces, printab
 from shardflow.text import safe
 
 _TRACE_LOGS_READ = 20  # error logs read for the report's tracebacks (status reads them all)
+
+
+class RunFailed(JobError):
+    """A run that did not finish every task (`RunReport.raise_for_failures`); `.report` is the report."""
+
+    def __init__(self, message: str, report: "RunReport | None" = None, **location: Any) -> None:
+        super().__init__(message, **location)
+        self.report = report  # None after crossing a process boundary
 
 
 @dataclass
@@ -37,6 +46,26 @@ class RunReport:
     @property
     def ok(self) -> bool:
         return not self.failed and not self.interrupted and self.done == self.tasks
+
+    def raise_for_failures(self) -> "RunReport":
+        """Raise RunFailed unless every task is done (a script's exit status then says so); returns self.
+
+        Failed samples under on_error="skip" are not failures of the run (the report counts them); a
+        failed task, an interrupted run or tasks left undone are."""
+        if self.ok:
+            return self
+        problems = []
+        if self.failed:
+            task_id, first = min(self.failed.items())
+            problems.append(f"{len(self.failed)} tasks failed (first: task {task_id} [{first.get('kind')}]: "
+                            f"{safe(first.get('error'), 500)})")
+        if self.interrupted:
+            problems.append("interrupted")
+        left = self.tasks - self.done - len(self.failed)
+        if left > 0:
+            problems.append(f"{left} tasks not run")
+        raise RunFailed(f"run {self.run_dir}: {self.done}/{self.tasks} tasks done; " + "; ".join(problems)
+                        + f" (shardflow status {self.run_dir})", self)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -112,7 +141,9 @@ def build_report(run_dir: RunDir, task_ids: list[int], results: dict[int, TaskRe
     spans.flush()
     report.tracebacks = _this_run_traces(run_dir, results)
     report.seconds = time.perf_counter() - started
-    run_dir.write_json(SUMMARY, report.to_json())
+    summary = report.to_json()
+    run_dir.write_json(SUMMARY, summary)
+    run_dir.write_json(LAST_RUN, {k: v for k, v in summary.items() if k != "shards"} | {"shards": len(report.shards)})
     return report
 
 

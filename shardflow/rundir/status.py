@@ -2,21 +2,32 @@
 
 This is what `shardflow status RUN_DIR` prints; it works while a run goes on, from any machine that
 can read the run directory, and never loads job.pkl (a run directory is code: see docs).
+
+What it costs: the listings of done/ (skipped when summaries cover the plan), records/, running/,
+failed/ and errors/ (1,000 names a request on object stores), plan.json and summary.json, and only
+the files it shows: the last few failure records and error logs. Counts, times and workers come from
+the records' names (rundir.records, rundir.tally), so a 100k-task run on S3 costs a few hundred
+requests in any state (mid-run, markers only, after thousands of pod summaries).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
-from shardflow.rundir.layout import SUMMARY, failed_file
+from shardflow.rundir.layout import ERRORS, FAILED, LAST_RUN, SUMMARY, done_file, failed_file
+from shardflow.rundir.records import TaskRecord
 from shardflow.rundir.run_dir import RunDir
 from shardflow.rundir.stats import Stats
-from shardflow.rundir.summaries import merged_done
-from shardflow.rundir.tracebacks import TraceCollector, describe_traces, printable
+from shardflow.rundir.tally import IS_DONE, IS_FAILED, RunTally, add_markers, read_tally
+from shardflow.rundir.tracebacks import SHOWN_TRACES, TraceCollector, describe_traces, printable
 from shardflow.text import safe, safe_repr
+
+FAILED_SHOWN = 20  # failure records read (the last ones; the rest are counted from the listing)
+ERROR_LOGS_READ = 100  # error logs read for kinds, examples and tracebacks (the last ones)
 
 
 @dataclass
@@ -27,48 +38,66 @@ class RunStatus:
     job: dict[str, Any]
     tasks: int
     done: list[int]
-    failed: dict[int, dict[str, Any]]  # task id -> its failed/ record (tasks not done since)
+    failed: dict[int, dict[str, Any]]  # task id -> its failed/ record, for the last FAILED_SHOWN failed tasks
     pending: list[int]
     stats: Stats
     shards: int
-    error_count: int
+    error_count: int  # sample errors in the error logs read
     error_kinds: list[tuple[str, int]]  # "stage TypeName" -> count, most common first
     error_examples: list[dict[str, Any]]  # the last dropped samples
     last_run: dict[str, Any] | None  # summary.json of the last run that ended (None: none ended)
     tracebacks: list[dict[str, Any]] = field(default_factory=list)  # first record of each distinct error
     distinct_errors: int = 0
+    failed_ids: list[int] = field(default_factory=list)  # every failed task (not done since)
+    tally: RunTally | None = None  # records: rate, running tasks, workers (None: markers of an old run only)
+    error_logs: tuple[int, int] = (0, 0)  # (read, listed)
 
     @property
     def complete(self) -> bool:
         return len(self.done) == self.tasks
 
+    @property
+    def failed_count(self) -> int:
+        return len(self.failed_ids)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "run_dir": self.run_dir, "job": self.job, "tasks": self.tasks, "done": len(self.done),
-            "failed": {str(k): v for k, v in sorted(self.failed.items())}, "pending": self.pending,
-            "stats": self.stats.to_json(), "shards": self.shards, "errors": self.error_count,
-            "error_kinds": dict(self.error_kinds), "error_examples": self.error_examples,
+            "failed": {str(k): v for k, v in sorted(self.failed.items())}, "failed_ids": self.failed_ids,
+            "pending": self.pending, "stats": self.stats.to_json(), "shards": self.shards,
+            "errors": self.error_count, "error_kinds": dict(self.error_kinds), "error_examples": self.error_examples,
+            "error_logs": {"read": self.error_logs[0], "listed": self.error_logs[1]},
             "last_run": None if self.last_run is None else {
                 k: self.last_run.get(k) for k in ("done", "tasks", "processed", "seconds", "interrupted", "ok")},
             "complete": self.complete, "tracebacks": self.tracebacks,
+            "progress": None if self.tally is None else self.tally.to_json(),
         }
 
     def __str__(self) -> str:
         s = self.stats
         name = self.job.get("name") or "?"
         pending = len(self.pending)
-        state = "complete" if self.complete else ("has failed tasks" if self.failed else "incomplete")
+        running = len(self.tally.running) if self.tally is not None else 0
+        state = "complete" if self.complete else ("has failed tasks" if self.failed_ids else "incomplete")
         lines = [
             f"run {self.run_dir} (job {name}): {state}",
-            f"tasks: {self.tasks} in the plan, {len(self.done)} done, {len(self.failed)} failed, {pending} pending",
+            f"tasks: {self.tasks} in the plan, {len(self.done)} done, {self.failed_count} failed, "
+            + (f"{running} running, {pending - running} pending" if running else f"{pending} pending"),
             f"samples (done tasks): {s.samples_in} in, {s.samples_out} out, {s.dropped} dropped, {s.skipped} skipped, "
             f"{s.failed} failed; {self.shards} shards, {s.bytes_out / 1e6:.1f} MB written",
         ]
+        lines.extend(_progress_lines(self.tally) if self.tally is not None and not self.complete else [])
         if s.skip_reasons:
-            lines.append("skip reasons: " + ", ".join(f"{k} ({v})" for k, v in s.skip_reasons.most_common(5)))
+            sampled = self.tally is not None and self.tally.skipping and \
+                len(self.tally.skipping) < self.tally.skipping_tasks
+            where = f" (in the last {len(self.tally.skipping)} of {self.tally.skipping_tasks} tasks that skipped)" \
+                if sampled and self.tally is not None else ""
+            lines.append(f"skip reasons{where}: " + ", ".join(f"{k} ({v})" for k, v in s.skip_reasons.most_common(5)))
         if self.error_count:
             kinds = ", ".join(f"{k} ({v})" for k, v in self.error_kinds[:5])
-            lines.append(f"sample errors: {self.error_count} logged in {self.run_dir}/errors/: {kinds}")
+            read, listed = self.error_logs
+            where = f" (the last {read} of {listed} tasks' logs)" if read < listed else ""
+            lines.append(f"sample errors: {self.error_count} logged in {self.run_dir}/errors/{where}: {kinds}")
             for e in self.error_examples:
                 reason = safe(e.get("reason"), 1000)  # names, keys and URLs in it are data
                 if not reason.startswith(f"{e.get('type')}:"):
@@ -88,25 +117,101 @@ class RunStatus:
         return printable("\n".join(lines))
 
 
-def read_status(url: str, storage_options: dict[str, Any] | None = None, *, examples: int = 5) -> RunStatus:
-    """Read a run directory (plan, markers, failures, error logs) into a RunStatus; never reads outputs."""
-    run_dir = RunDir(url, storage_options)
+def duration(seconds: float) -> str:
+    """3 s, 4 min 05 s, 2 h 07 min."""
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+def _progress_lines(tally: RunTally) -> list[str]:
+    """Rate, ETA and the running tasks (worker and age), newest first."""
+    tasks_s, samples_s, bytes_s = tally.rate()
+    eta = tally.eta()
+    lines = [f"rate: {samples_s:.1f} samples/s, {bytes_s / 1e6:.1f} MB/s read, {tasks_s * 60:.1f} tasks/min"
+             + (f"; ETA {duration(eta)}" if eta is not None else "")]
+    for entry in tally.running[:10]:
+        lines.append(f"  running task {entry.task} on {safe(entry.worker)} for "
+                     f"{duration(tally.read_at - entry.start)}")
+    if len(tally.running) > 10:
+        lines.append(f"  ... and {len(tally.running) - 10} more running")
+    return lines
+
+
+def read_status(url: str, storage_options: dict[str, Any] | None = None, *, examples: int = 5,
+                traces: int = SHOWN_TRACES, on_record: Callable[[TaskRecord], None] | None = None,
+                run_dir: RunDir | None = None) -> RunStatus:
+    """Read a run directory (plan, listings, the failures and error logs shown) into a RunStatus.
+
+    `traces`: distinct tracebacks kept; `on_record` sees every task's last record (the report page)."""
+    run_dir = run_dir or RunDir(url, storage_options)
     plan = run_dir.load_plan()
-    task_ids = list(range(run_dir.task_count(plan)))
-    done_ids = run_dir.done_ids() & set(task_ids)
-    failed_ids = (run_dir.failed_ids() & set(task_ids)) - done_ids
-    stats, shards = merged_done(run_dir, len(task_ids), done_ids)  # summaries, markers where none
-    failed = {}
-    for task_id, record in zip(sorted(failed_ids),
-                               _read_many(run_dir, [failed_file(t) for t in sorted(failed_ids)])):
-        if record is not None:
-            failed[task_id] = record
-    error_names = [n for n in run_dir.list_names("errors") if n.endswith(".jsonl")]
+    tasks = run_dir.task_count(plan)
+    done_ids = {t for t in run_dir.done_ids(tasks) if 0 <= t < tasks}
+    tally, unrecorded = read_tally(run_dir, tasks, done_ids, on_record)
+    add_markers(tally, zip(unrecorded, run_dir.read_many([done_file(t) for t in unrecorded])))
+    stats = tally.stats
+    failed_ids = [t for t in _ids(run_dir.list_names(FAILED), ".json") if t < tasks and t not in done_ids]
+    for t in failed_ids:  # a failure record written before the record (or by an older shardflow)
+        if tally.state[t] != IS_FAILED:
+            tally.state[t] = IS_FAILED
+    shown = failed_ids[-FAILED_SHOWN:]
+    failed = {t: r for t, r in zip(shown, run_dir.read_many([failed_file(t) for t in shown])) if r is not None}
+    count, kinds, last, collector, logs = _read_errors(run_dir, examples)
+    last_run = _last_run(run_dir)
+    done = tally.ids(IS_DONE)
+    reasons_from(run_dir, tally, last_run if last_run and last_run.get("done") == len(done) else None)
+    failed_set = set(failed_ids)
+    pending = [t for t in tally.ids(0) if t not in failed_set]
+    tally.read_at = time.time()
+    return RunStatus(run_dir.url, plan.get("job", {}), tasks, done, failed, pending, stats, stats.shards_out,
+                     count, kinds.most_common(), last if examples else [], last_run, collector.distinct(traces),
+                     len(collector.counts), failed_ids=failed_ids, tally=tally, error_logs=logs)
+
+
+def reasons_from(run_dir: RunDir, tally: RunTally, last_run: dict[str, Any] | None) -> None:
+    """Skip and failure reasons into tally.stats: the summary of a run that ended with every task done
+    counts them all; otherwise the markers of the last REASONS_READ tasks that skipped samples (records'
+    names hold the counts, not the reasons): tally.skipping_tasks says how many did."""
+    stats = tally.stats
+    if last_run is not None:
+        merged = Stats.from_json(last_run.get("stats") or {})
+        stats.skip_reasons, stats.fail_reasons = merged.skip_reasons, merged.fail_reasons
+        tally.skipping = []  # all counted
+        return
+    ids = [t for _, t in sorted(tally.skipping)]
+    for marker in run_dir.read_many([done_file(t) for t in ids]):
+        if marker is not None:
+            stats.skip_reasons.update((marker.get("stats") or {}).get("skip_reasons", {}))
+
+
+def _last_run(run_dir: RunDir) -> dict[str, Any] | None:
+    """last_run.json (a few KB), else (a run dir of an older shardflow) summary.json."""
+    for name in (LAST_RUN, SUMMARY):
+        try:
+            return run_dir.read_json(name)
+        except FileNotFoundError:
+            continue
+    return None
+
+
+def _ids(names: list[str], suffix: str) -> list[int]:
+    return sorted(int(n.split(".")[0]) for n in names if n.endswith(suffix) and n.split(".")[0].isdigit())
+
+
+def _read_errors(run_dir: RunDir, examples: int) -> tuple[int, Counter, list[dict[str, Any]], TraceCollector,
+                                                          tuple[int, int]]:
+    """Counts, kinds, the last `examples` records and tracebacks of the last ERROR_LOGS_READ error logs."""
+    names = [n for n in run_dir.list_names(ERRORS) if n.endswith(".jsonl")]
+    read = names[-ERROR_LOGS_READ:]
     kinds: Counter = Counter()
     last: list[dict[str, Any]] = []
     traces = TraceCollector()
     count = 0
-    for raw in _read_many(run_dir, [f"errors/{n}" for n in error_names], parse=False):
+    for raw in run_dir.read_many([f"{ERRORS}/{n}" for n in read], parse=False):
         for line in () if raw is None else raw.splitlines():
             if not line.strip():
                 continue
@@ -117,13 +222,4 @@ def read_status(url: str, storage_options: dict[str, Any] | None = None, *, exam
             last.append(error)
             if len(last) > examples:
                 last.pop(0)
-    last_run = run_dir.read_json(SUMMARY) if run_dir.exists(SUMMARY) else None
-    pending = [t for t in task_ids if t not in done_ids and t not in failed_ids]
-    return RunStatus(run_dir.url, plan.get("job", {}), len(task_ids), sorted(done_ids), failed, pending, stats,
-                     shards, count, kinds.most_common(), last if examples else [], last_run,
-                     traces.distinct(), len(traces.counts))
-
-
-def _read_many(run_dir: RunDir, names: list[str], *, parse: bool = True) -> list[Any]:
-    """Contents of several run-dir files, in order (see RunDir.read_many)."""
-    return run_dir.read_many(names, parse=parse)
+    return count, kinds, last, traces, (len(read), len(names))

@@ -1,0 +1,52 @@
+"""`shardflow report RUN_DIR -o report.html`: the report page of a run (tools/report_page), or --json."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from shardflow.cli.common import EXIT_FAILED, one_line_errors, parse_storage_options, storage_option_flag
+from shardflow.storage import options as so
+from shardflow.text import safe
+
+
+def register(group: click.Group) -> None:
+    group.add_command(report_command)
+
+
+@click.command("report")
+@click.argument("run_dir")
+@click.option("--output", "-o", help="where to write the page (any store); default: report.html in RUN_DIR")
+@click.option("--json", "as_json", is_flag=True, help="the page's numbers as JSON (to -o, else to stdout)")
+@click.option("--samples", "-n", type=click.IntRange(min=0), default=6, show_default=True,
+              help="samples on the before/after sheet (0: none)")
+@storage_option_flag(help="fsspec storage option for the run directory, its shards and -o (repeatable)")
+def report_command(run_dir: str, output: str | None, as_json: bool, samples: int,
+                   storage_option: tuple[str, ...]) -> None:
+    """One self-contained HTML page about a run, from its run directory (during or after the run).
+
+    Summary (samples in/out/dropped/failed, bytes, wall and CPU time, settings, code fingerprint,
+    version), throughput and tasks running over time, task durations with the slowest tasks, per
+    worker and host throughput, failures grouped by kind and by error with tracebacks, dropped samples
+    by reason, and a before/after sheet of a few samples. The page needs no network to open.
+
+    \b
+      shardflow report out/_shardflow -o report.html
+      shardflow report s3://bucket/out/_shardflow --json | jq .summary
+    """
+    from shardflow.tools import report_page
+
+    options = parse_storage_options(storage_option)
+    run_options = so.options_for(run_dir, options) if options else None
+    with one_line_errors(options, exit_code=EXIT_FAILED):
+        if as_json and output is None:
+            from shardflow.tools.report_data import collect
+
+            click.echo(json.dumps(collect(run_dir, run_options), indent=1, sort_keys=True))
+            return
+        target = output or run_dir.rstrip("/") + "/report.html"
+        data = report_page.write(run_dir, target, run_options, as_json=as_json, samples=samples,
+                                 output_options=so.options_for(target, options) if options else None)
+    s = data["summary"]
+    click.echo(f"report of {s['done']}/{s['tasks']} tasks done, {s['failed']} failed: {safe(target)}", err=True)
