@@ -12,7 +12,7 @@ TESTS ?=
 # make test-fast: the pure-Python subset (markers registered in pyproject.toml, see tests/README.md)
 FAST_MARKERS ?= not servers and not cluster and not slow and not gpu
 
-.PHONY: help setup lint demo test test-fast bench manifests clean-venv
+.PHONY: help setup lint demo test test-fast bench manifests dist clean-venv
 
 help:
 	@echo "make setup   create/refresh .venv (pinned by constraints.txt)"
@@ -21,6 +21,7 @@ help:
 	@echo "make test    setup, lint, then the whole test suite (real S3/GCS/Dask servers on 127.0.0.1); CI runs this"
 	@echo "make test-fast  setup, lint, then the pure-Python tests: no servers, cluster, slow or gpu marks (~1-2 min)"
 	@echo "make bench   setup, then run bench/run.py"
+	@echo "make dist    build the wheel into dist/ (pip install -c constraints.txt 'dist/shardflow-*.whl[s3,dask]')"
 	@echo "make manifests  regenerate k8s/ and argo/ examples from jobs/augment.py"
 
 setup:
@@ -28,6 +29,14 @@ setup:
 
 demo: setup
 	$(VENV)/bin/shardflow demo
+
+# the wheel a team installs where there is no checkout (a login node, an image): setuptools from .venv,
+# no network; `pip install -c constraints.txt 'dist/shardflow-<version>-py3-none-any.whl[s3,dask]'`
+dist: setup
+	rm -rf dist build
+	$(PYTHON) -m pip wheel --no-deps --no-build-isolation -q -w dist .
+	rm -rf build
+	@ls dist/*.whl
 
 # ruff (pyflakes, pycodestyle, imports, bugbear) and the import-linter layer contract run first: fast,
 # and a broken layer or an unused import fails the build like a failing test

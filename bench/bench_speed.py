@@ -17,10 +17,18 @@ best and median of --repeat (CPU time: median, all processes involved):
                  the system calls release the GIL), writeback started every 8 MiB and fsync at the
                  end (as shardflow's local shards)
   sha256         hashing the input alone, one thread (what a receipt costs by itself)
+  shardflow blake3 / xxh3  the shardflow row with checksum="blake3" / "xxh3_128" (the `checksums` extra)
+  copy + blake3  the copy floor with a BLAKE3 receipt
 
     python bench/bench_speed.py --sample-mb 10 --total-mb 1000 --repeat 3
     python bench/bench_speed.py --sample-mb 0.06 --total-mb 500 --repeat 3
     python bench/bench_speed.py --sample-mb 0.06 --total-mb 300 --shards 4   # the job's 2 processes side by side
+    python bench/bench_speed.py --sample-mb 10 --total-mb 1000 --fresh   # each run a fresh process, from outside
+
+With --fresh every method runs in a new `python` (its wall time from the call to the end of the method,
+CPU of the whole process tree, peak RSS over the RSS after the imports), as measured from outside; without
+it, every method runs in this process, where the processes backend's fork server, started in the first
+round, serves the later rounds warm.
 
 Inputs are in the page cache (read once before timing); outputs go to --tmp (default: system temp).
 """
@@ -31,6 +39,7 @@ import argparse
 import hashlib
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -83,6 +92,11 @@ def run_shardflow_serial(srcs: list[str], out: str) -> None:  # in this process:
                 run_dir=os.path.join(out, "_run")).run("serial", progress=False)
 
 
+def run_shardflow_checksum(srcs: list[str], out: str, checksum: str) -> None:  # the default backend
+    sf.ShardJob(identity, inputs=_inputs(srcs), outputs=os.path.join(out, "{name}.tar"),
+                run_dir=os.path.join(out, "_run"), checksum=checksum).run(progress=False)
+
+
 def run_webdataset(srcs: list[str], out: str) -> None:
     import webdataset as wds
 
@@ -107,9 +121,11 @@ def run_cat(srcs: list[str], out: str, fsync: bool = False) -> None:
                 os.fsync(dst.fileno())
 
 
-def run_copy_sha256(srcs: list[str], out: str) -> None:
+def run_copy_sha256(srcs: list[str], out: str, checksum: str = "sha256") -> None:
+    from shardflow.shards.checksums import new_hasher
+
     for i, src in enumerate(srcs):
-        digest = hashlib.sha256()
+        digest = new_hasher(checksum)
         inflight: deque = deque()
         with ThreadPoolExecutor(1) as hasher, open(src, "rb", buffering=0) as fin, \
                 open(os.path.join(out, f"o-{i:03d}.tar"), "wb", buffering=0) as fout:
@@ -145,8 +161,36 @@ METHODS = {
     "cat": run_cat,
     "cat + fsync": lambda srcs, out: run_cat(srcs, out, fsync=True),
     "copy + sha256": run_copy_sha256,
+    "shardflow blake3": lambda srcs, out: run_shardflow_checksum(srcs, out, "blake3"),
+    "shardflow xxh3": lambda srcs, out: run_shardflow_checksum(srcs, out, "xxh3_128"),
+    "copy + blake3": lambda srcs, out: run_copy_sha256(srcs, out, "blake3"),
     "sha256": run_sha256,
 }
+
+
+def _vm_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def run_fresh(name: str, srcs: list[str], out: str) -> tuple[float, float, float]:
+    """`name` in a fresh `python` (as a user runs it: imports, the job's start, its end): (wall s of the
+    method in it, CPU s of the process tree, peak RSS MB of the process over its RSS after the imports)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", name, out, *srcs],
+                          check=True, capture_output=True, text=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wall, rss = map(float, done.stdout.split()[-2:])
+    return wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, rss
+
+
+def _child(name: str, out: str, srcs: list[str]) -> None:
+    import webdataset  # noqa: F401 - every method's imports made before the base line, so only the run counts
+
+    base = _vm_kb("VmRSS")
+    t0 = time.perf_counter()
+    METHODS[name](srcs, out)
+    print(time.perf_counter() - t0, (_vm_kb("VmHWM") - base) / 1e3)
 
 
 def cpu() -> float:
@@ -164,7 +208,13 @@ def main() -> None:
     ap.add_argument("--shards", type=int, default=1,
                     help="split the input into this many shards (the job's processes then work side by side; "
                          "the other methods copy them one after another)")
+    ap.add_argument("--fresh", action="store_true",
+                    help="run each method in a fresh python process (from outside: start and end counted) "
+                         "and report its peak RSS over its imports")
+    ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child:
+        return _child(args.child[0], args.child[1], args.child[2:])
     root = tempfile.mkdtemp(prefix="sf-speed-", dir=args.tmp)
     try:
         srcs = [os.path.join(root, f"in-{i:03d}.tar") for i in range(args.shards)]
@@ -173,6 +223,7 @@ def main() -> None:
         subprocess.run(["cat", *srcs], stdout=subprocess.DEVNULL, check=True)
         methods = args.methods.split(",")
         times: dict[str, list[tuple[float, float]]] = {m: [] for m in methods}
+        peaks: dict[str, list[float]] = {m: [] for m in methods}
         for round_ in range(args.repeat):
             # a new order every round (seeded): on this shared machine a run's CPU time swings up to
             # 1.7x with what ran just before it (deleting and fsyncing 1 GB leaves kernel work behind);
@@ -184,6 +235,11 @@ def main() -> None:
                 shutil.rmtree(out, ignore_errors=True)
                 os.makedirs(out)
                 subprocess.run(["sync"], check=True)
+                if args.fresh:
+                    wall, cpu_s, peak = run_fresh(name, srcs, out)
+                    times[name].append((wall, cpu_s))
+                    peaks[name].append(peak)
+                    continue
                 c0, t0 = cpu(), time.perf_counter()
                 METHODS[name](srcs, out)
                 times[name].append((time.perf_counter() - t0, cpu() - c0))
@@ -194,8 +250,9 @@ def main() -> None:
             med = statistics.median(t for t, _ in ts)
             cpu_s = statistics.median(c for _, c in ts)
             ratios = "  ".join(f"{best[name] / best[o]:.2f}x {o}" for o in methods if o != name)
+            peak = f"  peak RSS +{max(peaks[name]):.0f} MB" if peaks[name] else ""
             print(f"  {name:17s} {best[name]:6.0f} MB/s best {size / med / 1e6:6.0f} median  cpu {cpu_s:5.2f}s"
-                  f"  {ratios}")
+                  f"{peak}  {ratios}")
         cpu_med = {m: statistics.median(c for _, c in ts) for m, ts in times.items()}
         for name in (m for m in methods if m.startswith("shardflow")):
             ratios = "  ".join(f"{cpu_med[o] / cpu_med[name]:.2f}x {o}" for o in methods if o != name)

@@ -25,6 +25,7 @@ and growth with N within one run, not absolute seconds across runs.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import resource
@@ -42,7 +43,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from shardflow import ShardJob, TarWriter  # noqa: E402
-from shardflow.rundir.layout import done_file  # noqa: E402
+from shardflow.rundir.layout import RECORDS, done_file  # noqa: E402
+from shardflow.rundir.records import TaskRecord  # noqa: E402
 from shardflow.rundir.run_dir import RunDir  # noqa: E402
 from shardflow.rundir.stats import Stats  # noqa: E402
 from shardflow.rundir.status import read_status  # noqa: E402
@@ -93,17 +95,28 @@ def _record(t: int, out: str) -> dict[str, Any]:
         "outputs": [{"url": f"{out}/in-{t:06d}.tar", "nsamples": 1, "nbytes": 3072, "sha256": "0" * 64}]}
 
 
+def _task_record_name(t: int) -> str:
+    """The records/ name run_task writes beside task t's marker (rundir.records): what status lists."""
+    stats = Stats(samples_in=1, samples_out=1, shards_in=1, shards_out=1, bytes_in=3072, bytes_out=3072)
+    return f"{RECORDS}/{TaskRecord(t, 'd', 1, 1.7e9 + t, 0.01, 0.01, 'bench~p1', stats=stats).name()}"
+
+
 def write_markers(rd: RunDir, n: int, out: str, *, summaries: bool) -> None:
-    """N done markers; with `summaries`, also the per-chunk summaries pods of 1,000 tasks would write."""
+    """N done markers and their records; with `summaries`, also the per-chunk summaries pods of 1,000
+    tasks would write."""
     if rd._local:
         os.makedirs(f"{rd.path}/done", exist_ok=True)
+        os.makedirs(f"{rd.path}/{RECORDS}", exist_ok=True)
         for t in range(n):
             with open(f"{rd.path}/{done_file(t)}", "w") as f:
                 json.dump(_record(t, out), f)
+            open(f"{rd.path}/{_task_record_name(t)}", "wb").close()
     else:
         for start in range(0, n, 2000):
-            rd.fs.pipe({f"{rd.path}/{done_file(t)}": json.dumps(_record(t, out)).encode()
-                        for t in range(start, min(n, start + 2000))})
+            batch = {f"{rd.path}/{done_file(t)}": json.dumps(_record(t, out)).encode()
+                     for t in range(start, min(n, start + 2000))}
+            batch.update({f"{rd.path}/{_task_record_name(t)}": b"" for t in range(start, min(n, start + 2000))})
+            rd.fs.pipe(batch)
     if summaries:
         for first in range(0, n - n % SPAN, SPAN):  # the last, partial chunk is left to the pod below
             records = [_record(t, out) for t in range(first, first + SPAN)]
@@ -276,6 +289,140 @@ def per_task_rows(counts: list[int], tmp: str, backends: tuple[str, ...] = ("pro
     return rows
 
 
+# -- issue 28 item 7: a no-op resume and the default run dir, with run dirs as real runs leave them -------
+# (one output shard per task in the output folder, every marker, the per-chunk summaries; the code
+# before and after measured in one run: each `repo` is put first on the child's sys.path)
+
+_RESUME_CHILD = """
+import json, sys, time, resource
+sys.path.insert(0, {repo!r})
+from collections import Counter
+counts = Counter()
+options = {options!r}
+if options is not None:
+    import s3fs
+    fs = s3fs.S3FileSystem(**options)
+    fs.connect()
+    fs.s3.meta.events.register("before-send.s3", lambda request=None, **_: counts.update([request.method]))
+sys.path.insert(1, {fn_dir!r})
+from resume_fn import copy
+from shardflow.job.shard_job import ShardJob
+job = ShardJob(copy, {spec!r}, {out!r} + "/{{name}}.tar", storage_options=options, maxcount=10)
+cpu, t = time.process_time(), time.perf_counter()
+report = job.run("serial", progress=False, resume_anyway=True)  # code recorded by the other checkout's rules
+wall, cpu = time.perf_counter() - t, time.process_time() - cpu
+assert report.ok and report.done == {n}, str(report)
+hwm = int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) / 1024
+print(json.dumps({{"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "rss_mb": round(hwm),
+                  "requests": " ".join(f"{{k}} {{v}}" for k, v in sorted(counts.items())) or "-"}}))
+"""
+
+
+_FN_DIR = tempfile.mkdtemp(prefix="bench-resume-fn-")
+atexit.register(shutil.rmtree, _FN_DIR, True)
+
+
+def _resume_fn() -> Callable[[dict], dict]:
+    """The job's fn from one module file that the children import too: the same code, so no refusal."""
+    path = Path(_FN_DIR) / "resume_fn.py"
+    if not path.exists():
+        path.write_text("def copy(sample):\n    return sample\n")
+    sys.path.insert(0, _FN_DIR)
+    from resume_fn import copy as fn  # type: ignore[import-not-found]
+
+    return fn
+
+
+def realistic_run_dir(n: int, base: str, options: dict | None) -> tuple[str, str]:
+    """A finished run of N one-sample tasks as a real run leaves it: plan, N markers, the per-chunk
+    summaries, and N output shards in the output folder (0.1.0's bench left that folder empty)."""
+    spec, out = f"{base}/in/in-{{000000..{n - 1:06d}}}.tar", f"{base}/out"
+    job = ShardJob(_resume_fn(), spec, f"{out}/{{name}}.tar", storage_options=options, maxcount=10)
+    job.prepare()
+    rd = job.rundir()
+    write_markers(rd, n, out, summaries=True)
+    body = b"\0" * 1024
+    if rd._local:
+        for t in range(n):
+            with open(f"{out}/in-{t:06d}.tar", "wb") as f:
+                f.write(body)
+    else:
+        folder = out.split("://", 1)[1]
+        for start in range(0, n, 2000):
+            rd.fs.pipe({f"{folder}/in-{t:06d}.tar": body for t in range(start, min(n, start + 2000))})
+    return spec, out
+
+
+def resume_rows(n: int, base: str, options: dict | None, repos: dict[str, str], reps: int) -> list[dict[str, Any]]:
+    """A no-op resume (`job.run` with every task done) in a fresh process per repo and rep, rotated."""
+    spec, out = realistic_run_dir(n, base, options)
+    rows: dict[str, list[dict[str, Any]]] = {label: [] for label in repos}
+    labels = list(repos)
+    for rep in range(reps):
+        for label in labels[rep % len(labels):] + labels[:rep % len(labels)]:
+            code = _RESUME_CHILD.format(repo=repos[label], options=options, spec=spec, out=out, n=n, fn_dir=_FN_DIR)
+            done = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, env=dict(os.environ))
+            if done.returncode != 0:
+                raise SystemExit(f"resume ({label}) failed: {done.stderr[-2000:]}")
+            rows[label].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    out_rows = []
+    for label, found in rows.items():
+        median = sorted(found, key=lambda r: r["wall_s"])[len(found) // 2]
+        out_rows.append({"what": f"no-op resume, realistic run dir ({label}; median of {reps})", **median})
+    return out_rows
+
+
+def k8s_rows(n: int, tmp: str, repos: dict[str, str]) -> list[dict[str, Any]]:
+    """`shardflow k8s --no-prepare` over N tasks (a brace range, never listed), outputs on the volume, with
+    and without --run-dir: the default run dir must not plan every task."""
+    rows = []
+    spec = f"s3://b/in-{{0000000..{n - 1:07d}}}.tar"
+    for label, repo in repos.items():
+        for run_dir in (None, f"{tmp}/k8s-rd"):
+            args = ["k8s", "reshard", "-i", spec, "-o", f"{tmp}/k8s-out/{{name}}.tar", "--image", "img:1",
+                    "--no-prepare", "--pvc", f"data:{tmp}", *(["--run-dir", run_dir] if run_dir else [])]
+            env = {**os.environ, "PYTHONPATH": repo}
+            t0 = time.perf_counter()
+            done = subprocess.run(_hwm_command(args), capture_output=True, text=True, env=env, cwd=repo)
+            if done.returncode != 0:
+                raise SystemExit(f"k8s failed ({label}): {done.stderr[-2000:]}")
+            rows.append({"what": f"k8s --no-prepare, N={n}, {'--run-dir' if run_dir else 'default run dir'} ({label})",
+                         "wall_s": round(time.perf_counter() - t0, 2), "rss_mb": _hwm_mb(done.stderr)})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def resume_main(args: argparse.Namespace, tmp: str) -> list[dict[str, Any]]:
+    """--resume: only the rows above (local sizes, S3 sizes, k8s at --resume-k8s), before vs after when
+    --before names a checkout of the earlier code (e.g. `git worktree`-free: `git archive HEAD | tar -x`)."""
+    repos = {"this tree": str(REPO), **({"before": args.before} if args.before else {})}
+    rows: list[dict[str, Any]] = []
+    server = None
+    try:
+        for n in [int(x) for x in args.resume_local.split(",") if x]:
+            for row in resume_rows(n, f"{tmp}/resume-{n}", None, repos, args.reps):
+                rows.append({"store": "local", "N": n, **row})
+                print(json.dumps(rows[-1]), flush=True)
+        s3_sizes = [int(x) for x in args.resume_s3.split(",") if x]
+        if s3_sizes:
+            server, endpoint = start_s3(args, tmp)
+            options = {"client_kwargs": {"endpoint_url": endpoint}}
+            import fsspec
+
+            for n in s3_sizes:
+                bucket = f"resume-{uuid.uuid4().hex[:8]}"
+                fsspec.filesystem("s3", **options).mkdir(bucket)
+                for row in resume_rows(n, f"s3://{bucket}/j", options, repos, args.reps):
+                    rows.append({"store": "s3", "N": n, **row})
+                    print(json.dumps(rows[-1]), flush=True)
+        for n in [int(x) for x in args.resume_k8s.split(",") if x]:
+            rows += k8s_rows(n, tmp, repos)
+    finally:
+        if server is not None:
+            server.stop()
+    return rows
+
+
 def start_s3(args: argparse.Namespace, tmp: str) -> tuple[Any, str]:
     if args.endpoint:
         return None, args.endpoint
@@ -307,7 +454,24 @@ def main() -> None:
                              "marker-by-marker reads are not timed")
     parser.add_argument("--local-markers-max", type=int, default=10**9, help="the same for local run dirs")
     parser.add_argument("--skip-temps", action="store_true", help="leave out the stale-temp rows")
+    parser.add_argument("--resume", action="store_true", help="only the no-op resume / k8s --no-prepare rows "
+                        "(issue 28 item 7), with realistic run dirs")
+    parser.add_argument("--resume-local", default="100000,1000000", help="--resume: local N")
+    parser.add_argument("--resume-s3", default="100000", help="--resume: S3 N")
+    parser.add_argument("--resume-k8s", default="1000000", help="--resume: k8s --no-prepare N")
+    parser.add_argument("--before", default=None, help="--resume: a checkout of the code to compare with")
+    parser.add_argument("--reps", type=int, default=3, help="--resume: repetitions (rotated order, median)")
     args = parser.parse_args()
+    if args.resume:
+        tmp = tempfile.mkdtemp(prefix="bench-resume-", dir=args.tmp)
+        try:
+            rows = resume_main(args, tmp)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        print("\n# results (wall/CPU seconds, peak RSS of the resuming process; compare within this run)")
+        for row in rows:
+            print(json.dumps(row))
+        return
     if args.quick:
         args.sizes, args.s3_sizes, args.per_task, args.million = "1000,10000", "1000", "500", False
     tmp = tempfile.mkdtemp(prefix="bench-scale-", dir=args.tmp)

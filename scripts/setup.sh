@@ -16,7 +16,7 @@ VENV="${SHARDFLOW_VENV:-$ROOT/.venv}"
 PYTHON="${PYTHON:-python3}"
 STAMP="$VENV/.shardflow-stamp"
 LOG="$VENV/.shardflow-setup.log"
-EXTRAS="torch,s3,gcs,http,dask,fast,k8s,dev"
+EXTRAS="torch,s3,gcs,http,dask,ray,fast,checksums,k8s,report,dev"
 TORCH_PINS=(torch==2.13.0 torchvision==0.28.0)
 
 say() { printf '[setup] %s\n' "$*"; }
@@ -53,6 +53,30 @@ if [[ ! -x /usr/bin/convert ]]; then
       || say "WARNING: could not install ImageMagick; its tests will be skipped"
   else
     say "WARNING: ImageMagick (/usr/bin/convert) missing; its tests will be skipped"
+  fi
+fi
+
+# ---- Chromium (the report page's tests open it headless; Debian's package) ---------------------
+if ! command -v chromium >/dev/null; then
+  if command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then
+    say "Chromium missing: apt-get install chromium"
+    { apt-get install -y -qq chromium || { apt-get update -qq && apt-get install -y -qq chromium; }; } >/dev/null \
+      || say "WARNING: could not install Chromium; the report page's browser tests will be skipped"
+  else
+    say "WARNING: chromium missing; the report page's browser tests will be skipped"
+  fi
+fi
+
+# ---- Slurm + munge (the Slurm tests start a real one-node slurmctld + slurmd; Debian's packages) ----
+if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v munged >/dev/null; then
+  if command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then
+    say "Slurm missing: apt-get install slurm-wlm munge"
+    { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm munge \
+        || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+             slurm-wlm munge; }; } >/dev/null \
+      || say "WARNING: could not install Slurm; the Slurm tests will be skipped"
+  else
+    say "WARNING: slurm-wlm/munge missing; the Slurm tests will be skipped"
   fi
 fi
 

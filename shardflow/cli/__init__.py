@@ -11,10 +11,13 @@ COMMAND_MODULES = (
     "shardflow.cli.inspect",  # ls, stats
     "shardflow.cli.jobs",  # run, plan, status, demo
     "shardflow.cli.cluster",  # worker, k8s, argo
+    "shardflow.cli.slurm",  # slurm
     "shardflow.cli.trying",  # preview
     "shardflow.cli.tools_jobs",  # split, cat (-o: concatenate; without: print members), sort, map
     "shardflow.cli.tools_make",  # create, head
     "shardflow.cli.tools_view",  # tsv, show
+    "shardflow.cli.indexing",  # index (the manifest of shards made elsewhere)
+    "shardflow.cli.report",  # report
 )
 
 

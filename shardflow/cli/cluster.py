@@ -16,6 +16,7 @@ from shardflow.cli.common import EXIT_ERROR, Fail, parse_storage_options, storag
 from shardflow.cluster.contract import EXIT_CODES, EXIT_STOP, INDEX_ENV
 from shardflow.errors import ShardflowError
 from shardflow.storage import options as so
+from shardflow.text import safe as printable
 
 _EXIT_HELP = "; ".join(f"{code}: {what}" for code, what in EXIT_CODES.items())
 
@@ -48,11 +49,14 @@ _storage_option = storage_option_flag()
 @click.option("--inputs", "-i", metavar="SPEC", help="with --prepare: input shards")
 @click.option("--outputs", "-o", metavar="SPEC", help="with --prepare: output shards or pattern")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="with --prepare: job option or PARAMS")
-@click.option("--force", is_flag=True, help="with --prepare: replace a different plan")
+@click.option("--redo", "--force", "force", is_flag=True, help="with --prepare: start over (replace a different plan; "
+              "--force is the older name)")
+@click.option("--report", "report_to", metavar="URL", default=None,
+              help="with --finalize: also write the report page there (`shardflow report`; e.g. RUN_DIR/report.html)")
 @_storage_option
 def worker_command(run_dir: str, index: int | None, tasks_per_index: int, finalize: bool, prepare_job: str | None,
                    inputs: str | None, outputs: str | None, overrides: tuple[str, ...], force: bool,
-                   storage_option: tuple[str, ...]) -> None:
+                   report_to: str | None, storage_option: tuple[str, ...]) -> None:
     """Run the tasks of one chunk of a planned job (what each pod runs), idempotently."""
     from shardflow.cluster import worker
 
@@ -64,7 +68,18 @@ def worker_command(run_dir: str, index: int | None, tasks_per_index: int, finali
         sys.exit(prepare_in_cluster(prepare_job, run_dir, inputs=inputs, outputs=outputs,
                                     overrides=parse_overrides(overrides), storage_options=options, force=force))
     if finalize:
-        sys.exit(worker.finalize(run_dir, storage_options=options))
+        code = worker.finalize(run_dir, storage_options=options)
+        if report_to is not None:  # the page is a view: failing to draw it never fails the finalize step
+            from shardflow.tools import report_page
+
+            try:
+                report_page.write(run_dir, report_to, so.options_for(run_dir, options) if options else None,
+                                  output_options=so.options_for(report_to, options) if options else None)
+                click.echo(f"report page: {printable(report_to)}")
+            except Exception as exc:  # noqa: BLE001
+                click.echo(f"shardflow worker --finalize: no report page: {type(exc).__name__}: "
+                           f"{so.scrub(printable(str(exc)), options)}", err=True)
+        sys.exit(code)
     if index is None:
         text = os.environ.get(INDEX_ENV)
         if text is None:
@@ -137,7 +152,8 @@ def _cluster_options(fn):
         click.option("--no-prepare", is_flag=True, help="write nothing to the run directory (tasks counted "
                      "from the inputs spec); the plan must be written before the pods start, e.g. by "
                      "`shardflow worker --prepare` in the cluster (where only the cluster can write the bucket)"),
-        click.option("--force", is_flag=True, help="replace a different plan in the run directory"),
+        click.option("--redo", "--force", "force", is_flag=True, help="start over: replace a different plan in the run "
+                     "directory (--force is the older name)"),
     ]
     for option in reversed(options):
         fn = option(fn)

@@ -15,6 +15,7 @@ command writes), `-S/--storage-option KEY=VALUE`, `-w/--workers`, `-b/--backend`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import sys
 from contextlib import contextmanager
@@ -128,3 +129,23 @@ def setting_option(name: str, *flags: str, **overrides: Any) -> Callable[[Any], 
             kwargs.update(default=default, show_default=True)
     kwargs.update(overrides)
     return click.option(*(flags or ("--" + name.replace("_", "-"),)), name, **kwargs)
+
+
+def spec_inputs(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The shards a command reads: `SPEC...` arguments and/or `-i/--inputs SPEC` (repeatable), merged into
+    the command's `spec` parameter in that order.
+
+    `run`, `plan`, `k8s` take `-i/--inputs`; the tools that read shards took only positional SPECs, so
+    `-i` there ended in click's "No such option". Both spellings work in every command now.
+    """
+
+    @functools.wraps(fn)
+    def merged(*args: Any, spec: tuple[str, ...] = (), inputs_flag: tuple[str, ...] = (), **kw: Any) -> Any:
+        specs = tuple(spec) + tuple(inputs_flag)
+        if not specs:
+            raise click.UsageError("give the shards to read: SPEC... or -i/--inputs SPEC")
+        return fn(*args, spec=specs, **kw)
+
+    merged = click.option("--inputs", "-i", "inputs_flag", multiple=True, metavar="SPEC",
+                          help="shards to read, the same as the SPEC arguments (repeatable)")(merged)
+    return click.argument("spec", nargs=-1, required=False)(merged)

@@ -21,19 +21,21 @@ from typing import Any, BinaryIO, Iterator
 import click
 
 from shardflow.cli.common import (
+    EXIT_ERROR,
     EXIT_FAILED,
     Fail,
     one_line_errors,
     parse_storage_options,
     setting_option,
+    spec_inputs,
     storage_option_flag,
 )
 from shardflow.cli.locations import location_flags
 from shardflow.errors import DEFAULT_ON_ERROR_READ, ShardflowError
 from shardflow.shards.keys import Sample
-from shardflow.shards.records import iter_records, record_format, value_bytes
+from shardflow.shards.records import iter_records, member_sizes, record_format, value_bytes
 from shardflow.shards.samples import iter_samples
-from shardflow.shards.spec import is_spec, load_spec
+from shardflow.shards.spec import SpecError, is_spec, load_spec
 from shardflow.shards.tar_read import iter_members
 from shardflow.storage import options as so
 from shardflow.storage.counting import CountingReader
@@ -55,9 +57,15 @@ def register(group: click.Group) -> None:
 # shared plumbing
 
 
-def _errors(options: dict[str, Any] | None) -> Any:
-    """Failures of ls/cat/stats: one line, exit status 1; `| head` closing the pipe is not a failure."""
-    return one_line_errors(options, exit_code=EXIT_FAILED, broken_pipe_ok=True)
+@contextmanager
+def _errors(options: dict[str, Any] | None) -> Iterator[None]:
+    """Failures of ls/cat/stats: one line, exit status 1; a spec that cannot be parsed is a usage error (2,
+    as for every command that cannot start); `| head` closing the pipe is not a failure."""
+    with one_line_errors(options, exit_code=EXIT_FAILED, broken_pipe_ok=True):
+        try:
+            yield
+        except SpecError as exc:
+            raise Fail(so.scrub(str(exc), options), EXIT_ERROR) from None
 
 
 def _expand(specs: tuple[str, ...], options: dict[str, Any]) -> list[str]:
@@ -91,10 +99,13 @@ def _samples(stream: BinaryIO, url: str, on_error: str, warn: Any = None) -> Ite
     return iter_samples(iter_members(stream, url, resync=resync), url, on_error=on_error, report=warn)
 
 
-def _ls_line(key: str, sizes: dict[str, int]) -> str:
+def _ls_line(key: str, sizes: dict[str, int], natives: dict[str, str] | None = None) -> str:
     """One `ls` line; key and extensions are data: escaped so that no name can forge a line or
-    drive the terminal (--json keeps them exact, JSON escapes them)."""
-    return safe(key, None) + "\t" + " ".join(f"{safe(e, None)}:{n}" for e, n in sizes.items()) + "\n"
+    drive the terminal (--json keeps them exact, JSON escapes them). A record stream's native value
+    (an int, a list) shows its type after the size of its text form: `cls:1(int)`."""
+    natives = natives or {}
+    return safe(key, None) + "\t" + " ".join(
+        f"{safe(e, None)}:{n}" + (f"({natives[e]})" if e in natives else "") for e, n in sizes.items()) + "\n"
 
 
 def _warn(error: ShardflowError) -> None:
@@ -120,7 +131,7 @@ _ON_ERROR = click.option(
 
 
 @click.command("ls")
-@click.argument("spec", nargs=-1, required=True)
+@spec_inputs
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per sample")
 @_ON_ERROR
 @_ALLOW_PIPE
@@ -143,14 +154,16 @@ def ls_command(spec: tuple[str, ...], as_json: bool, on_error: str, allow_pipe: 
                 out.write(f"# {safe(so.redact_urls(url), None)}\n")
             with _open(url, options, allow_pipe) as stream:
                 for sample in _samples(stream, url, on_error, _warn):  # type: ignore[arg-type]
-                    sizes = {ext: len(v) for ext, v in sample.items() if not ext.startswith("__")}
+                    sizes, natives = member_sizes(sample)
                     nsamples += 1
                     nbytes += sum(sizes.values())
                     if as_json:
                         record = {"shard": so.redact_urls(url), "key": sample["__key__"], "members": sizes}
+                        if natives:
+                            record["native"] = natives
                         out.write(json.dumps(record) + "\n")
                     else:
-                        out.write(_ls_line(sample["__key__"], sizes))
+                        out.write(_ls_line(sample["__key__"], sizes, natives))
         out.flush()
         click.echo(f"{nsamples} samples, {nbytes} bytes of data ({_human(nbytes)}) in {len(shards)} shard(s)", err=True)
 
@@ -295,7 +308,7 @@ def _safe_shard_stats(url: str, options: dict[str, Any], allow_pipe: bool, on_er
 
 
 @click.command("stats")
-@click.argument("spec", nargs=-1, required=True)
+@spec_inputs
 @click.option("--json", "as_json", is_flag=True, help="print the totals as one JSON object")
 @click.option("--jobs", "-j", type=click.IntRange(1, 256), default=4, show_default=True,
               help="shards read at the same time (threads; helps with object stores)")

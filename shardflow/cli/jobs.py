@@ -28,7 +28,7 @@ from shardflow.cli.common import (
 )
 from shardflow.cli.locations import location_flags
 from shardflow.cli.running import backend_flags, run_job_command
-from shardflow.cli.trying import RUN_FLAG_NAMES, flag_values, run_flags, watch_status
+from shardflow.cli.trying import RUN_FLAG_NAMES, flag_values, run_flags
 from shardflow.errors import ShardflowError
 from shardflow.rundir.layout import PLAN
 from shardflow.storage import options as so
@@ -121,9 +121,9 @@ def plan_command(jobfile: str, inputs: str | None, outputs: str | None, settings
     """Show the tasks a run would execute, without running or writing anything.
 
     Also says what the run directory already holds: the same plan (and how far it got), a
-    different plan (a run would be refused without --force), or nothing yet.
+    different plan (a run would be refused without --redo), or nothing yet.
     """
-    from shardflow.job.fingerprint import code_fingerprint
+    from shardflow.job.fingerprint import code_fingerprint, same_code
     from shardflow.job.jobfile import job_from_file, load_job_file, parse_overrides
     from shardflow.rundir.run_dir import plan_fingerprint
 
@@ -144,7 +144,7 @@ def plan_command(jobfile: str, inputs: str | None, outputs: str | None, settings
             if same:
                 done = rundir.done_ids()
                 code = held.get("code") or {}
-                state = "same" if code.get("fingerprint") in (None, code_fingerprint(job)["fingerprint"]) else "code"
+                state = "same" if code.get("fingerprint") is None or same_code(code, code_fingerprint(job)) else "code"
     if as_json:
         click.echo(json.dumps({
             "job": job.describe(), "job_file": str(loaded.path), "params": loaded.params, "run_dir": job.run_dir,
@@ -164,7 +164,7 @@ def plan_command(jobfile: str, inputs: str | None, outputs: str | None, settings
         click.echo(f"the run directory holds this plan ({len(done)} of {len(tasks)} tasks done) made by OTHER code: "
                    "`shardflow run` asks for --redo (every task again) or --resume-anyway (keep those done)")
     elif state == "different":
-        click.echo("the run directory holds a DIFFERENT plan: `shardflow run` refuses it unless given --force "
+        click.echo("the run directory holds a DIFFERENT plan: `shardflow run` refuses it unless given --redo "
                    "(which discards that progress), or use another --run-dir")
     shown = tasks if limit == 0 else tasks[:limit]
     for task in shown:
@@ -189,26 +189,36 @@ def plan_command(jobfile: str, inputs: str | None, outputs: str | None, settings
 @storage_option_flag(help="fsspec storage option for the run directory (repeatable)")
 @click.option("--watch", is_flag=True, help="redraw every --interval seconds until the run is complete (Ctrl-C ends)")
 @click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True, help="seconds (--watch)")
+@click.option("--check", is_flag=True, help="exit 1 unless every task is done (not only when a task failed)")
 def status_command(run_dir: str, nerrors: int, as_json: bool, storage_option: tuple[str, ...], watch: bool,
-                   interval: float) -> None:
+                   interval: float, check: bool) -> None:
     """How far a run got, from its run directory alone (the outputs are not read).
 
-    Tasks done / failed / pending, samples in and out, the sample errors by type and the last
-    failures. Works while a run is going on, from any machine that can read the run directory.
+    Tasks done / failed / running / pending, samples in and out, the rate and ETA, the running tasks
+    with their worker and age, the sample errors by type and the last failures. Works while a run is
+    going on, from any machine that can read the run directory. --watch polls until no task is left
+    to run, printing each failure as it happens.
+
+    Exit status: 0 no task failed, 1 a task failed (with --check: or a task is not done yet),
+    2 the run directory cannot be read.
     """
+    from shardflow.cli.status_watch import exit_code
+    from shardflow.cli.status_watch import watch as watch_until_ended
     from shardflow.rundir.status import read_status
 
     options = parse_storage_options(storage_option)
     run_options = so.options_for(run_dir, options) if options else None
     if watch:
         with _errors(options):
-            raise SystemExit(watch_status(lambda: read_status(run_dir, run_options, examples=nerrors), interval))
+            raise SystemExit(watch_until_ended(lambda: read_status(run_dir, run_options, examples=nerrors), interval,
+                                               check=check))
     with _errors(options):
         status = read_status(run_dir, run_options, examples=nerrors)
     if as_json:
         click.echo(json.dumps(status.to_json(), indent=1, sort_keys=True))
     else:
         click.echo(so.scrub(str(status), options))
+    raise SystemExit(exit_code(status, check=check))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -242,8 +252,9 @@ def demo_command(directory: str, samples: int, shards: int, workers: int | None)
     """Make a small synthetic image dataset and run the built-in augment job on it.
 
     Writes SHARDS tar shards of 512x384 JPEG + json (with a label) under DIR/input, runs
-    jobs/augment.py (decode, flip, noise, png + cls) with the local processes backend into
-    DIR/augmented, prints the report and reads a few results back.
+    the built-in augment job (decode, flip, noise, png + cls) with the local processes backend into
+    DIR/augmented, prints the report and reads a few results back. Without torch (the core install)
+    it runs the built-in resize job (Pillow) into DIR/resized instead, and says so.
     """
     from shardflow.tools.demo import run_demo
     from shardflow.tools.runner import outcome

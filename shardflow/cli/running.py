@@ -8,11 +8,11 @@ from typing import Any, Callable, Mapping
 
 import click
 
-from shardflow.cli.common import EXIT_ERROR, one_line_errors, parse_storage_options
+from shardflow.cli.common import EXIT_ERROR, one_line_errors, parse_storage_options, setting_option
 from shardflow.tools import runner
 
 # the flags below that only some backends take (runner.backend_options checks them against the backend)
-BACKEND_ONLY = ("workers", "address", "wait_workers", "gpus_per_worker")
+BACKEND_ONLY = ("workers", "address", "wait_workers", "gpus_per_worker", "ray_args")
 
 
 class BackendChoice(click.Choice):
@@ -36,17 +36,25 @@ def backend_flags(fn: Callable[..., Any]) -> Callable[..., Any]:
     command that runs a job."""
     options = [
         click.option("--backend", "-b", type=BackendChoice(), default="processes", show_default=True,
-                     help="where tasks run: serial (this process, in order), processes (local pool), dask, or a "
+                     help="where tasks run: serial (this process, in order), processes (local pool), dask, ray, or a "
                      "backend registered with register_backend"),
         click.option("--workers", "-w", type=click.IntRange(min=1), help="worker processes (default: one per core)"),
-        click.option("--address", metavar="URL", help="Dask scheduler address (with --backend dask)"),
+        click.option("--address", metavar="URL", help="Dask scheduler address (with --backend dask); Ray cluster "
+                     "address (with --backend ray: auto, HOST:PORT or ray://HOST:10001)"),
+        click.option("--ray-arg", "ray_args", multiple=True, metavar="KEY=VALUE",
+                     callback=lambda ctx, param, value: value or None,
+                     help="with --backend ray: an option of each Ray task (num_cpus=2, memory=4e9, resources={ssd: 1}, "
+                     "runtime_env={working_dir: .}), value read as YAML; repeatable (docs/ray.md)"),
         click.option("--wait-workers", type=click.FloatRange(min=0), metavar="SECONDS",
                      help="with --address: give up when no Dask worker has joined after SECONDS (default: wait)"),
         click.option("--gpus-per-worker", type=click.IntRange(min=1), default=None,
                      help="GPUs per worker: processes pins each worker to its own (one worker per slot by default), "
                      "dask asks for the worker resource GPU (docs/gpu.md)"),
-        click.option("--force", is_flag=True, help="discard the run directory's progress if it holds a different plan"),
+        click.option("--redo", is_flag=True, help="start over: discard the run directory's progress (it holds a "
+                     "different plan, or the job's code changed) and run every task again into fresh outputs"),
+        click.option("--force", is_flag=True, hidden=True, help="deprecated: the same as --redo"),
         click.option("--steal", is_flag=True, help="take over the run directory's lease when its driver's has expired"),
+        setting_option("retry_budget", metavar="SECONDS", type=click.FloatRange(min=0)),
         click.option("--progress/--no-progress", default=None, help="progress bar on stderr (default: on a terminal)"),
         click.option("--json", "as_json", is_flag=True, help="print the report as JSON instead of text"),
     ]
@@ -62,10 +70,15 @@ def run_job_command(make_job: Callable[[], Any], kw: Mapping[str, Any], *,
     `kw` holds backend_flags' values and `storage_option`; `run_options`: more driver keywords (run's
     --debug, --limit, --redo, ...)."""
     options = parse_storage_options(kw["storage_option"])
+    if kw["force"]:
+        click.echo("shardflow: warning: --force is deprecated: it is the same as --redo (start over)", err=True)
+    chosen = {name: True for name in ("redo", "overwrite") if kw.get(name)}  # (run pops them into run_options)
+    budget = kw.get("retry_budget")
+    make = make_job if budget is None else (lambda: make_job().replace(retry_budget=budget))
     status = runner.run_and_report(
-        make_job, kw["backend"], backend_opts={name: kw[name] for name in BACKEND_ONLY},
-        run_options={"force": kw["force"], "progress": kw["progress"], **({"steal": True} if kw["steal"] else {}),
-                     **(run_options or {})},
+        make, kw["backend"], backend_opts={name: kw[name] for name in BACKEND_ONLY},
+        run_options={"redo": kw["force"], "progress": kw["progress"], **({"steal": True} if kw["steal"] else {}),
+                     **chosen, **(run_options or {})},
         storage_options=options, as_json=kw["as_json"], echo=click.echo,
         echo_err=lambda line: click.echo(line, err=True),
         guard=lambda: one_line_errors(options, exit_code=EXIT_ERROR, catch=(TypeError,)))

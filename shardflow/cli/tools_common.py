@@ -31,12 +31,18 @@ def storage_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 allow_pipe_option = setting_option("allow_pipe")
 
+# the one --overwrite of the tools that write shards (what `shardflow run --overwrite` does: job.guard)
+overwrite_option = click.option(
+    "--overwrite", is_flag=True, help="replace existing shards under the output names that no run of this run "
+    "directory wrote (other files beside the outputs never stop a run)")
+
 
 def job_flags(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The flags of a tool that runs as a job: where it runs (backend_flags), its run directory, error
     policy, storage options and pipes; each job setting's help and default come from JobSpec."""
     options = [
         backend_flags,
+        overwrite_option,
         setting_option("run_dir", metavar="URL"),
         setting_option("on_error", type=click.Choice(ON_ERROR)),
         storage_option,

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from shardflow.cli.common import setting_option
+from shardflow.cli.common import setting_option, spec_inputs
 from shardflow.cli.locations import location_flags
 from shardflow.cli.running import run_job_command
 from shardflow.cli.tools_common import expand_all, job_flags, job_kwargs
@@ -35,7 +35,7 @@ def register(group: click.Group) -> None:
 
 
 @click.command("split")
-@click.argument("spec", nargs=-1, required=True)
+@spec_inputs
 @_OUTPUT_PATTERN
 @_MAXCOUNT
 @_MAXSIZE
@@ -62,7 +62,7 @@ def split_command(spec: tuple[str, ...], output: str, maxcount: int | None, maxs
 
 @click.command("cat")
 @location_flags
-@click.argument("spec", nargs=-1, required=True)
+@spec_inputs
 @click.option("--output", "-o", "output", metavar="OUT",
               help="concatenate every sample of SPEC... into OUT (a job: resumable, atomic) instead of printing")
 @click.option("--key", "-k", "keys", multiple=True, help="without -o: only the sample with this key (repeatable)")
@@ -104,7 +104,7 @@ def cat_command(spec: tuple[str, ...], output: str | None, keys: tuple[str, ...]
 
 
 @click.command("sort")
-@click.argument("spec", nargs=-1, required=True)
+@spec_inputs
 @_OUTPUT_PATTERN
 @click.option("--by", default="key", show_default=True, metavar="key|FIELD",
               help="sort by the sample key, or a field: a member (cls) or a dotted path into JSON (json.label)")
@@ -134,7 +134,7 @@ def sort_command(spec: tuple[str, ...], output: str, by: str, reverse: bool, mem
 
 
 @click.command("map")
-@click.argument("spec", nargs=-1, required=True)
+@spec_inputs
 @_OUTPUT_PATTERN
 @click.option("--command", "-c", required=True, metavar="CMD", help="sh -c CMD, run in each sample's directory")
 @click.option("--parallel", "-p", type=click.IntRange(1, 256), default=1, show_default=True,

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from shardflow.cli.common import EXIT_FAILED, Fail, one_line_errors, parse_storage_options, setting_option
+from shardflow.cli.common import EXIT_FAILED, Fail, one_line_errors, parse_storage_options, setting_option, spec_inputs
 from shardflow.cli.tools_common import (
     allow_pipe_option,
     expand_all,
@@ -28,6 +28,7 @@ from shardflow.shards.writer import TarWriter
 from shardflow.storage import options as so
 from shardflow.storage.paths import is_local, local_path
 from shardflow.storage.schemes import open_read
+from shardflow.tools.create_sources import MAX_MEMBER_BYTES
 
 
 def register(group: click.Group) -> None:
@@ -53,31 +54,46 @@ _PROGRESS = progress_option
               help="sample keys: the file paths (without extension), or 000000, 000001, ... in order")
 @click.option("--jobs", "-j", type=click.IntRange(1, 512), default=None,
               help="reads in flight (threads) [default: 32 for remote sources; local files are read inline]")
+@click.option("--dereference", is_flag=True, help="pack the files that links in a directory point to (as "
+              "tar -h), when they lie inside the tree [default: links are skipped with a warning]")
+@click.option("--allow-outside", is_flag=True, help="read sources outside the tree or the recipe's folder: links "
+              "leading out of the tree (with --dereference), a recipe's absolute paths, ../ paths and URLs")
+@click.option("--max-member-size", "max_member", metavar="BYTES", type=float, default=float(MAX_MEMBER_BYTES),
+              show_default=True, help="a source larger than this fails (bounded reads: a device or an endless "
+              "pipe: source never fills memory)")
 @_PROGRESS
 @allow_pipe_option
 @storage_option
 def create_command(source: str, output: str, recipe: bool, maxcount: int, maxsize: float, shuffle: bool,
-                   seed: int, keys: str, jobs: int | None, progress: bool | None, allow_pipe: bool,
-                   storage_option: tuple[str, ...]) -> None:
+                   seed: int, keys: str, jobs: int | None, dereference: bool, allow_outside: bool, max_member: float,
+                   progress: bool | None, allow_pipe: bool, storage_option: tuple[str, ...]) -> None:
     """Create shards from files (tarp create / tarcreate).
 
     SOURCE is a directory or a remote folder URL (files sharing a basename up to the first dot
     become one sample, in name order, like `tar --sort=name`; hidden files skipped) or a recipe file
     (or '-'): one 'archive-name source' line per member, where source is a path or URL, text:...,
-    or pipe:CMD (only with --allow-pipe).
+    or pipe:CMD (only with --allow-pipe). Links in a tree are skipped unless --dereference; a
+    recipe reads only under its own folder unless --allow-outside (docs/shell-tools.md).
 
     \b
       shardflow create photos/ -o 'shards/photos-{part:06d}.tar' --maxcount 10000
       printf 'a/001.txt text:hello\\na/001.jpg s3://b/x.jpg\\n' | shardflow create - -o one.tar
     """
     from shardflow.tools.create import group_samples, plan_directory, plan_recipe, plan_remote_tree, write_shards
+    from shardflow.tools.create_sources import SourceScope
 
     options = parse_storage_options(storage_option)
+    if max_member < 1:
+        raise click.BadParameter("must be at least 1 byte", param_hint="--max-member-size")
     with one_line_errors(options, catch=(JobError,)):
         if recipe or os.path.isfile(source) or source == "-":
-            pairs = plan_recipe(_recipe_lines(source, options), source, allow_pipe)
+            scope = SourceScope.of_recipe(source, allow_pipe=allow_pipe, allow_outside=allow_outside)
+            pairs = plan_recipe(_recipe_lines(source, options), source, allow_pipe, scope)
         elif is_local(source):
-            pairs = plan_directory(local_path(source))
+            warnings = _Warnings()
+            pairs = plan_directory(local_path(source), dereference=dereference, allow_outside=allow_outside,
+                                   skipped=warnings)
+            warnings.close()
         else:
             pairs = plan_remote_tree(source, options)
         samples = group_samples(pairs, keys=keys, shuffle=shuffle, seed=seed)
@@ -87,12 +103,32 @@ def create_command(source: str, output: str, recipe: bool, maxcount: int, maxsiz
     try:
         with one_line_errors(options, exit_code=EXIT_FAILED):
             infos = write_shards(samples, output, maxcount=maxcount, maxsize=maxsize, storage_options=options,
-                                 jobs=jobs, progress=bar.update)
+                                 jobs=jobs, progress=bar.update, member_limit=max_member)
     finally:
         bar.close()
     nbytes = sum(i.nbytes for i in infos)
     click.echo(f"{len(samples)} samples in {len(infos)} shard(s), {nbytes} bytes: "
                + ", ".join(printable(i.url) for i in infos[:3]) + (" ..." if len(infos) > 3 else ""))
+
+
+class _Warnings:
+    """Prints what the plan skipped, one line each up to a few, then how many more (a tree of 10,000
+    links gives a dozen lines, not 10,000)."""
+
+    SHOWN = 10
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, message: str) -> None:
+        self.count += 1
+        if self.count <= self.SHOWN:
+            click.echo(f"shardflow: warning: {printable(message)}", err=True)
+
+    def close(self) -> None:
+        if self.count > self.SHOWN:
+            click.echo(f"shardflow: warning: {self.count - self.SHOWN} more entries skipped (links or "
+                       "files that are not regular)", err=True)
 
 
 def _recipe_lines(source: str, options: dict[str, Any] | None) -> list[str]:
@@ -106,7 +142,7 @@ def _recipe_lines(source: str, options: dict[str, Any] | None) -> list[str]:
 
 
 @click.command("head")
-@click.argument("spec", nargs=-1, required=True)
+@spec_inputs
 @click.option("-n", "count", type=click.IntRange(min=0), default=10, show_default=True, help="samples to copy")
 @click.option("--output", "-o", "output", required=True, metavar="OUT", help="the shard to write")
 @_PROGRESS

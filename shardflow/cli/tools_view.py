@@ -3,6 +3,11 @@
 Both stream samples in shard order (one sample in memory at a time, plus the table rows for
 parquet and the first N images for show) and write their file atomically (open_atomic): a table or
 sheet appears under its name only when complete.
+
+A cell is data: `tsv` cuts a value longer than `--max-chars` (a 20 MB caption took 1.6 GB to escape
+character by character), and in csv output a text cell that a spreadsheet would run as a formula
+(starting with = + - @, a tab or a carriage return, and not a plain number) gets a leading `'`, as
+the OWASP CSV-injection guidance says; `--raw-cells` writes them as they are.
 """
 
 from __future__ import annotations
@@ -10,12 +15,13 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import sys
 from typing import Any, Iterator
 
 import click
 
-from shardflow.cli.common import EXIT_FAILED, Fail, one_line_errors, parse_storage_options
+from shardflow.cli.common import EXIT_FAILED, Fail, one_line_errors, parse_storage_options, spec_inputs
 from shardflow.cli.tools_common import (
     allow_pipe_option,
     expand_all,
@@ -60,11 +66,35 @@ def _write_atomic(url: str, data: bytes, options: dict[str, Any] | None) -> None
 # tsv
 
 
-def _row(sample: dict[str, Any], fields: tuple[str, ...], on_error: str) -> dict[str, Any]:
-    row = {"key": sample["__key__"], "url": sample["__url__"]}
+MAX_CHARS = 65536  # characters of one cell unless --max-chars says otherwise
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _capped(value: Any, limit: int) -> Any:
+    """`value` with text longer than `limit` characters cut, saying how much was left out (a structure
+    whose JSON is that long becomes the cut JSON text)."""
+    if isinstance(value, (dict, list)):
+        text = json.dumps(value, ensure_ascii=False)
+        return value if len(text) <= limit else _capped(text, limit)
+    if isinstance(value, str) and len(value) > limit:
+        return f"{value[:limit]}...[{len(value) - limit} more characters]"
+    return value
+
+
+def neutralise(cell: str) -> str:
+    """A csv cell a spreadsheet will not run as a formula: `'` before a leading = + - @ tab CR, unless
+    the cell is a plain number (-1.5 stays a number)."""
+    if cell.startswith(_FORMULA_START) and not _NUMBER.fullmatch(cell):
+        return "'" + cell
+    return cell
+
+
+def _row(sample: dict[str, Any], fields: tuple[str, ...], on_error: str, max_chars: int = MAX_CHARS) -> dict[str, Any]:
+    row = {"key": _capped(sample["__key__"], max_chars), "url": sample["__url__"]}
     for name in fields:
         try:
-            row[name] = field_value(sample, name)
+            row[name] = _capped(field_value(sample, name), max_chars)
         except FieldError as exc:
             error = ShardflowError(str(exc), url=sample["__url__"], key=sample["__key__"])
             if on_error == "raise":
@@ -82,7 +112,8 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def _text_table(rows: list[dict[str, Any]], columns: list[str], fmt: str, header: bool, escape: bool) -> str:
+def _text_table(rows: list[dict[str, Any]], columns: list[str], fmt: str, header: bool, escape: bool,
+                raw: bool = False) -> str:
     out = io.StringIO()
     if fmt == "tsv":
         lines = ([columns] if header else []) + [[printable(_cell(r[c])) for c in columns] for r in rows]
@@ -92,17 +123,14 @@ def _text_table(rows: list[dict[str, Any]], columns: list[str], fmt: str, header
         if header:
             writer.writerow(columns)
         for r in rows:
-            writer.writerow([printable(_cell(r[c])) if escape else _cell(r[c]) for c in columns])
+            cells = [printable(_cell(r[c])) if escape else _cell(r[c]) for c in columns]
+            writer.writerow(cells if raw else [neutralise(cell) for cell in cells])
         return out.getvalue()
     return "".join(json.dumps({c: r[c] for c in columns}) + "\n" for r in rows)  # jsonl: ASCII, escaped
 
 
 def _parquet(rows: list[dict[str, Any]], columns: list[str]) -> bytes:
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise Fail("--format parquet needs pyarrow (pip install pyarrow)") from None
+    pa, pq = _pyarrow()
     data = {c: [r[c] for r in rows] for c in columns}
     arrays = {}
     for name, values in data.items():
@@ -115,8 +143,19 @@ def _parquet(rows: list[dict[str, Any]], columns: list[str]) -> bytes:
     return out.getvalue()
 
 
+def _pyarrow() -> tuple[Any, Any]:
+    """pyarrow and pyarrow.parquet, or the one-line error that names the extra installing them."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise Fail(f"--format parquet needs pyarrow, which is not installed ({exc}): install the `tables` extra, "
+                   "pip install -c constraints.txt '.[tables]' in a checkout (or pip install pyarrow)") from None
+    return pa, pq
+
+
 @click.command("tsv")
-@click.argument("spec", nargs=-1, required=True)
+@spec_inputs
 @click.option("--field", "-f", "fields", multiple=True, metavar="FIELD",
               help="a column: a member (cls, txt) or a dotted path into JSON (json.label, json.box.0); repeatable")
 @click.option("--format", "fmt", type=click.Choice(["tsv", "csv", "jsonl", "parquet"]), default="tsv",
@@ -125,15 +164,22 @@ def _parquet(rows: list[dict[str, Any]], columns: list[str]) -> bytes:
               "needed for parquet")
 @click.option("--header/--no-header", default=True, show_default=True, help="a first line naming the columns")
 @click.option("--on-error", type=click.Choice(["raise", "skip"]), default=DEFAULT_ON_ERROR_READ, show_default=True)
+@click.option("--max-chars", type=click.IntRange(min=16), default=MAX_CHARS, show_default=True,
+              help="cut a cell longer than this many characters (saying how many were left out)")
+@click.option("--raw-cells", is_flag=True, help="csv: write cells starting with = + - @ as they are (by default "
+              "they get a leading ' so a spreadsheet does not run them as formulas)")
 @progress_option
 @allow_pipe_option
 @storage_option
 def tsv_command(spec: tuple[str, ...], fields: tuple[str, ...], fmt: str, output: str | None, header: bool,
-                on_error: str, progress: bool | None, allow_pipe: bool, storage_option: tuple[str, ...]) -> None:
+                on_error: str, max_chars: int, raw_cells: bool, progress: bool | None, allow_pipe: bool,
+                storage_option: tuple[str, ...]) -> None:
     """One line per sample: key, url and the named fields (tar2tsv), as tsv, csv, jsonl or parquet.
 
     Members that are not text or JSON give their size in bytes. Text output to a terminal is
-    escaped (control characters as \\xNN); tsv always escapes tabs and newlines in values.
+    escaped (control characters as \\xNN); tsv always escapes tabs and newlines in values. Cells are
+    cut at --max-chars; csv cells that would run as spreadsheet formulas get a leading ' (--raw-cells).
+    Parquet needs pyarrow (the `tables` extra).
 
     \b
       shardflow tsv 'data/*.tar' -f cls -f json.label > labels.tsv
@@ -141,6 +187,8 @@ def tsv_command(spec: tuple[str, ...], fields: tuple[str, ...], fmt: str, output
     """
     if fmt == "parquet" and not output:
         raise click.UsageError("--format parquet writes a file: give -o FILE")
+    if fmt == "parquet":
+        _pyarrow()  # before reading anything
     options = parse_storage_options(storage_option)
     columns = ["key", "url", *fields]
     bar = progress_bar(progress, None, "sample")
@@ -148,8 +196,8 @@ def tsv_command(spec: tuple[str, ...], fields: tuple[str, ...], fmt: str, output
         urls = expand_all(spec, options)
         if output is None:
             for sample in _samples(urls, options, allow_pipe, on_error):
-                row = _row(sample, fields, on_error)
-                sys.stdout.write(_text_table([row], columns, fmt, header, escape=True))
+                row = _row(sample, fields, on_error, max_chars)
+                sys.stdout.write(_text_table([row], columns, fmt, header, escape=True, raw=raw_cells))
                 header = False
                 bar.update(1)
             sys.stdout.flush()
@@ -157,10 +205,13 @@ def tsv_command(spec: tuple[str, ...], fields: tuple[str, ...], fmt: str, output
             return
         rows = []
         for sample in _samples(urls, options, allow_pipe, on_error):
-            rows.append(_row(sample, fields, on_error))
+            rows.append(_row(sample, fields, on_error, max_chars))
             bar.update(1)
         bar.close()
-        data = _parquet(rows, columns) if fmt == "parquet" else _text_table(rows, columns, fmt, header, False).encode()
+        if fmt == "parquet":
+            data = _parquet(rows, columns)
+        else:
+            data = _text_table(rows, columns, fmt, header, False, raw_cells).encode()
         _write_atomic(output, data, options)
     click.echo(f"{len(rows)} rows written to {printable(output)}", err=True)
 
@@ -170,7 +221,7 @@ def tsv_command(spec: tuple[str, ...], fields: tuple[str, ...], fmt: str, output
 
 
 @click.command("show")
-@click.argument("spec", nargs=-1, required=True)
+@spec_inputs
 @click.option("-n", "count", type=click.IntRange(min=1, max=10_000), default=16, show_default=True,
               help="samples with an image to show")
 @click.option("--output", "-o", "output", metavar="FILE.png", help="write the contact sheet here (atomic)")
@@ -191,7 +242,8 @@ def show_command(spec: tuple[str, ...], count: int, output: str | None, columns:
     \b
       shardflow show 'data/train-000000.tar' -n 16 -o sheet.png
     """
-    from shardflow.cli import tools_sheet as sheet
+    from shardflow.cli import tools_sheet as inline
+    from shardflow.tools import sheet
 
     options = parse_storage_options(storage_option)
     with one_line_errors(options, exit_code=EXIT_FAILED, broken_pipe_ok=True):
@@ -201,9 +253,9 @@ def show_command(spec: tuple[str, ...], count: int, output: str | None, columns:
         image = sheet.render(tiles, columns, size)
         if output:
             _write_atomic(output, sheet.png_bytes(image), options)
-        protocol = sheet.inline_protocol(sys.stdout)
+        protocol = inline.inline_protocol(sys.stdout)
         if protocol:
-            sys.stdout.buffer.write(sheet.inline_image(image, protocol))
+            sys.stdout.buffer.write(inline.inline_image(image, protocol))
             sys.stdout.flush()
         else:
             for tile in tiles:
@@ -214,7 +266,7 @@ def show_command(spec: tuple[str, ...], count: int, output: str | None, columns:
 
 def _tiles(urls: list[str], options: dict[str, Any] | None, allow_pipe: bool, count: int, image_ext: str | None,
            label_field: str | None) -> list[Any]:
-    from shardflow.cli.tools_sheet import Tile, image_member
+    from shardflow.tools.sheet import Tile, image_member
 
     tiles = []
     for sample in _samples(urls, options, allow_pipe, "raise"):

@@ -1,22 +1,21 @@
-"""Seeing and trying: `shardflow preview`, the production flags of `shardflow run`, `status --watch`.
+"""Seeing and trying: `shardflow preview` and the production flags of `shardflow run`.
 
 - `run_flags`: the options `shardflow run` adds for production use: --debug, --limit/--limit-tasks,
-  --overwrite, --redo, --resume-anyway, --heartbeat (see job.guard, job.trial, job.progress).
+  --overwrite, --resume-anyway, --heartbeat (see job.guard, job.trial, job.progress; --redo, the one word
+  for "start over", is in running.backend_flags: every command that runs a job has it).
 - `preview JOB --inputs SPEC -n 3`: process() on the first samples, in this process, printing what it
   returns (keys, types, shapes, encoded sizes); `--sheet out.png` draws the images as a contact sheet.
   Nothing is written but the sheet.
-- `watch_status`: what `shardflow status --watch` redraws.
+(`status --watch` is cli/status_watch.py.)
 """
 
 from __future__ import annotations
 
-import sys
-import time
 from typing import Any, Callable
 
 import click
 
-from shardflow.cli.common import EXIT_ERROR, EXIT_OK, one_line_errors, parse_storage_options, storage_option_flag
+from shardflow.cli.common import EXIT_ERROR, one_line_errors, parse_storage_options, storage_option_flag
 from shardflow.job.progress import DEFAULT_HEARTBEAT_S
 
 
@@ -39,9 +38,8 @@ def run_flags(fn: Callable[..., Any]) -> Callable[..., Any]:
                      "real outputs or run directory"),
         click.option("--limit-tasks", type=click.IntRange(min=1), metavar="K",
                      help="with --limit: only the first K tasks (default: all)"),
-        click.option("--overwrite", is_flag=True, help="write even into an output folder holding shards this job "
-                     "did not write"),
-        click.option("--redo", is_flag=True, help="the job's code changed: run every task again into fresh outputs"),
+        click.option("--overwrite", is_flag=True, help="replace existing shards under the output names that no run "
+                     "of this run directory wrote (other files beside the outputs never stop a run)"),
         click.option("--resume-anyway", is_flag=True, help="the job's code changed: keep the finished tasks and run "
                      "the rest with the new code"),
         click.option("--heartbeat", type=click.FloatRange(min=0), default=DEFAULT_HEARTBEAT_S, show_default=True,
@@ -94,33 +92,3 @@ def preview_command(jobfile: str, inputs: str | None, count: int, settings: tupl
             images = write_sheet([o for _, o in outputs], sheet)
             click.echo(f"contact sheet of {images} images: {sheet}" if images else "no images to draw: no sheet")
 
-
-# ------------------------------------------------------------------------------------------------
-# status --watch
-
-
-def watch_status(read: Callable[[], Any], interval: float, *, echo: Callable[[str], None] = click.echo) -> int:
-    """Redraw the status every `interval` s until the run is complete (or Ctrl-C); returns the exit code.
-
-    On a terminal the screen is redrawn; otherwise one line per interval (tasks, samples, errors).
-    """
-    terminal = sys.stdout.isatty()
-    try:
-        while True:
-            status = read()
-            if terminal:
-                click.clear()
-                echo(str(status))
-            else:
-                echo(_status_line(status))
-            if status.complete:
-                return EXIT_OK
-            time.sleep(interval)
-    except KeyboardInterrupt:
-        return EXIT_OK
-
-
-def _status_line(status: Any) -> str:
-    s = status.stats
-    return (f"{time.strftime('%H:%M:%S')} {len(status.done)}/{status.tasks} tasks done, {len(status.failed)} failed, "
-            f"{len(status.pending)} pending; {s.samples_in} samples in done tasks, {status.error_count} sample errors")

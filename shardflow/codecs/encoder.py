@@ -1,6 +1,7 @@
 """Encoding sample entries by extension: `Encoder` (a whole sample) and `encode_value` (one entry).
 
-``bytes`` pass through unchanged (even for ``.gz`` keys: they are taken as final), ``str`` becomes
+``bytes`` (and storage.file_value.FileValue, a file streamed into the shard) pass through unchanged
+(even for ``.gz`` keys: they are taken as final), ``str`` becomes
 UTF-8 for any extension, everything else goes through the extension's encoder. The output is a pure
 function of the input (gzip mtime=0, fixed zip dates), so reruns are byte-identical. JSON is written
 compact, UTF-8, keys in the dict's own order (decoded-then-re-encoded JSON stays as it was).
@@ -16,10 +17,15 @@ from shardflow.codecs.images import IMAGE_EXTENSIONS, ImageOptions, encode_image
 from shardflow.codecs.registry import EncodeFn, lookup, split_extension, user_encoders
 from shardflow.codecs.values import VALUE_ENCODERS
 from shardflow.errors import EncodeError
+from shardflow.storage.file_value import FileValue
 
 
-def encode_entry(ext: str, value: Any, opts: ImageOptions, codecs: Mapping[str, EncodeFn]) -> bytes:
-    """One entry's bytes: bytes as they are, else user codec, str, image, value codec; gzip for .gz."""
+def encode_entry(ext: str, value: Any, opts: ImageOptions, codecs: Mapping[str, EncodeFn]) -> bytes | FileValue:
+    """One entry's bytes: bytes as they are, else user codec, str, image, value codec; gzip for .gz.
+    A FileValue (a large file a shell command left) is final bytes too: passed on unread, streamed by
+    the shard writer."""
+    if isinstance(value, FileValue):
+        return value
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value)
     inner, last, gz = split_extension(ext)
@@ -42,7 +48,7 @@ def encode_entry(ext: str, value: Any, opts: ImageOptions, codecs: Mapping[str, 
 
 def _encode_or_raise(
     ext: str, value: Any, opts: ImageOptions, codecs: Mapping[str, EncodeFn], url: Any, key: Any
-) -> bytes:
+) -> bytes | FileValue:
     try:
         return encode_entry(ext, value, opts, codecs)
     except NoEncoder:

@@ -20,10 +20,13 @@ BACKENDS: dict[str, str] = {
     "serial": "shardflow.backends.local:execute_serial",
     "processes": "shardflow.backends.local:execute_processes",
     "dask": "shardflow.backends.dask.client:execute_dask",
+    "ray": "shardflow.backends.ray.run:execute_ray",
+    "slurm": "shardflow.cluster.slurm.waiting:execute_slurm",  # a job array; follows the run directory
 }
 FRONT_ENDS: dict[str, str] = {
     "kubernetes": "shardflow.cluster.manifests:render",
     "argo": "shardflow.cluster.manifests:render",
+    "slurm": "shardflow.cluster.slurm:render_job",  # an sbatch script (job.to_slurm)
 }
 
 

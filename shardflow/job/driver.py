@@ -30,17 +30,19 @@ def run_job(job: "ShardJob", backend: str = "processes", *, steal: bool = False,
     """
     if options.get("limit") is not None:
         return _run_pending(job, backend, **options)
-    with RunLease(job.rundir(), steal=steal):
-        return _run_pending(job, backend, **options)
+    with RunLease(job.rundir(), steal=steal) as lease:
+        return _run_pending(job, backend, lease=lease, **options)
 
 
 def _run_pending(job: "ShardJob", backend: str = "processes", *, force: bool = False,
                  progress: bool | None = None, redo: bool = False, resume_anyway: bool = False,
                  overwrite: bool = False, limit: int | None = None, limit_tasks: int | None = None,
-                 debug: bool = False, heartbeat: float | None = DEFAULT_HEARTBEAT_S, **options: Any) -> RunReport:
+                 debug: bool = False, heartbeat: float | None = DEFAULT_HEARTBEAT_S,
+                 lease: RunLease | None = None, **options: Any) -> RunReport:
     """`redo`/`resume_anyway`/`overwrite`: see job.guard; `limit`: a trial on the first samples of each
     task, in a scratch run (job.trial); `debug`: serial, the first failure raises its own exception;
-    `heartbeat`: seconds between progress lines off a terminal."""
+    `heartbeat`: seconds between progress lines off a terminal; `lease`: checked between tasks, so a
+    driver whose lease another took starts no further task (LeaseLost)."""
     execute = get_backend(backend)
     started = time.perf_counter()
     if debug:
@@ -51,13 +53,21 @@ def _run_pending(job: "ShardJob", backend: str = "processes", *, force: bool = F
         job, run_dir = prepare_trial(job, limit, limit_tasks)
     else:
         run_dir = job.prepare(force=force, redo=redo, resume_anyway=resume_anyway, overwrite=overwrite)
-    tasks = job.plan()
     done = run_dir.done_ids()
-    pending: list[Task] = [t for t in tasks if t.id not in done]
+    count = run_dir.task_count(run_dir.load_plan())
+    if len(done) >= count and all(i in done for i in range(count)):
+        ids: list[int] | range = range(count)  # nothing left (a no-op resume): the plan's tasks are not built
+        pending: list[Task] = []
+    else:
+        tasks = job.plan()
+        ids = [t.id for t in tasks]
+        pending = [t for t in tasks if t.id not in done]
     total = known_total(pending, json_reader(job.options_for)) if progress is not False and pending else None
-    bar = Progress(len(tasks), len(tasks) - len(pending), enabled=progress, total_samples=total, heartbeat=heartbeat)
+    bar = Progress(len(ids), len(ids) - len(pending), enabled=progress, total_samples=total, heartbeat=heartbeat)
     results: dict[int, TaskResult] = {}
     interrupted = False
+    if lease is not None:
+        lease.check()  # planning may have taken longer than the lease lives
     stream = execute(job, pending, bar, **options)
     try:
         for result in stream:
@@ -65,11 +75,13 @@ def _run_pending(job: "ShardJob", backend: str = "processes", *, force: bool = F
             bar.task_finished(result)
             if result.stops_run(job.spec.on_error):
                 break
+            if lease is not None:
+                lease.check()  # before the backend is asked for (and starts) another task
     except KeyboardInterrupt:
         interrupted = True
     finally:
         stream.close()
         bar.close()
-    skipped = len(tasks) - len(pending) + sum(r.status == "skipped" for r in results.values())
-    return build_report(run_dir, [t.id for t in tasks], results, started, skipped=skipped, interrupted=interrupted)
+    skipped = len(ids) - len(pending) + sum(r.status == "skipped" for r in results.values())
+    return build_report(run_dir, list(ids), results, started, skipped=skipped, interrupted=interrupted)
 

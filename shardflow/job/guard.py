@@ -2,8 +2,8 @@
 
 - Outputs that resolve to an input are refused (a run in place would destroy its inputs, and the
   samples that failed would be gone for good).
-- An output directory holding shards that no run of this job wrote (not its planned output names,
-  not its inputs) is refused unless `overwrite=True` (`--overwrite`).
+- A planned output name (or rollover part) that already exists and that no run of this run directory
+  wrote is refused unless `overwrite=True` (`--overwrite`); other shards beside the outputs are fine.
 - A rerun whose code (job file, function, PARAMS: `job.fingerprint`) differs from the code recorded
   in plan.json is refused unless `redo=True` (`--redo`: every task again, into fresh outputs) or
   `resume_anyway=True` (`--resume-anyway`: keep the finished tasks, run the rest with the new code).
@@ -21,7 +21,7 @@ import string
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from shardflow.errors import JobError
-from shardflow.job.fingerprint import code_difference, code_fingerprint, default_run_dir_name
+from shardflow.job.fingerprint import code_difference, code_fingerprint, default_run_dir_name, same_code
 from shardflow.rundir.layout import DEFAULT_NAME, PLAN
 from shardflow.rundir.plan_table import TaskTable
 from shardflow.rundir.run_dir import RunDir
@@ -54,8 +54,8 @@ def _local_folder(path: str) -> str:
 def _parts_key(output_parts: str) -> tuple[str, str]:
     """A task's rollover part format string (`d/x_{part:03d}.tar`) as (the canonical URL up to its first
     field, the canonical format string), compiled to a regex only when a shard needs checking."""
-    head, _, base = output_parts.rpartition("/")
-    directory = _canonical(head.replace("{{", "{").replace("}}", "}") + "/x")[:-1]
+    head, slash, base = output_parts.rpartition("/")
+    directory = _canonical((head if slash else ".").replace("{{", "{").replace("}}", "}") + "/x")[:-1]
     literal = next(iter(string.Formatter().parse(base)), ("", None, None, None))[0]
     return directory + literal, directory + base
 
@@ -68,9 +68,44 @@ def _parts_regex(canonical_parts: str) -> re.Pattern[str]:
     return re.compile(re.escape(head + "/") + regex)
 
 
+class _Resolver:
+    """Canonical input URLs with symlinked local FILES resolved to what they point at (`in/a.tar ->
+    data/a.tar` is data/a.tar), found from one scandir per input folder: its entries' types come with
+    the listing, so only the links cost a system call each."""
+
+    def __init__(self) -> None:
+        self._links: dict[str, set[str]] = {}
+
+    def __call__(self, url: str) -> str:
+        canonical = _canonical(url)
+        if not is_local(url):
+            return canonical
+        folder, _, base = canonical.rpartition("/")
+        if folder not in self._links:
+            self._links[folder] = _symlinks(folder.removeprefix("file://"))
+        if base in self._links[folder]:
+            return "file://" + os.path.realpath(canonical.removeprefix("file://"))
+        return canonical
+
+    def link_targets(self) -> set[str]:
+        """The canonical folders the symlinked inputs seen so far point into."""
+        return {"file://" + os.path.dirname(os.path.realpath(f"{folder.removeprefix('file://')}/{name}"))
+                for folder, names in self._links.items() for name in names}
+
+
+def _symlinks(folder: str) -> set[str]:
+    try:
+        with os.scandir(folder) as entries:
+            return {e.name for e in entries if e.is_symlink()}
+    except OSError:
+        return set()
+
+
 def check_not_in_place(tasks: list[Task]) -> None:
-    """Refuse outputs (or their rollover parts) that resolve to any input shard."""
-    inputs = {_canonical(u): u for t in tasks for u in t.inputs}
+    """Refuse outputs (or their rollover parts) that resolve to any input shard, symlinked inputs
+    included (compared by where they point, whatever --overwrite says)."""
+    resolve = _Resolver()
+    inputs = {resolve(u): u for t in tasks for u in t.inputs}
     for task in tasks:
         for name in (task.output, task.part_url(1)):
             found = inputs.get(_canonical(name))
@@ -112,16 +147,17 @@ def _existing_shards(directory: str, options: dict[str, Any] | None) -> list[str
 
 
 def check_foreign_shards(job: "ShardJob", tasks: list[Task] | Callable[[], list[Task]], run_dir: RunDir, *,
-                         directories: list[str] | None = None) -> None:
-    """Refuse output directories holding shards that are neither this job's outputs nor its inputs.
+                         directories: list[str] | None = None, stored: dict[str, Any] | None = None) -> None:
+    """Refuse to overwrite a shard that no run of this run directory wrote.
 
-    "This job's outputs" are, once its run directory holds a plan, the names the plan gives (part 0 and
-    rollover parts) and those of the plan there (a rerun with fewer inputs does not make the old outputs
-    foreign). Before a first run nothing is: a shard already under a planned name was written by
-    someone else (another job, or a run whose run directory is gone).
+    Only what a run would really overwrite is looked at: an existing shard under a name this plan gives
+    (part 0, or a rollover part). Other shards in the output folders (another dataset, the inputs) are
+    left alone and do not stop the run. A name the plan stored in the run directory (`stored`, any
+    version) also gives is this run directory's own (a rerun, a rerun with fewer inputs); before a first
+    run nothing is. Cost: one listing per output folder, then a set lookup per existing shard; the
+    stored plan's tasks are read only when an existing shard collides with a planned name.
     """
-    plan = run_dir.read_json(PLAN) if run_dir.exists(PLAN) else None
-    if plan is not None and plan.get("overwrite"):
+    if stored is not None and stored.get("overwrite"):
         return  # an earlier run of this run directory was told to write there anyway
     if directories is None:
         tasks = tasks() if callable(tasks) else tasks
@@ -130,19 +166,61 @@ def check_foreign_shards(job: "ShardJob", tasks: list[Task] | Callable[[], list[
     if not existing:  # a first run into empty folders (a million tasks from a table: no task is made)
         return
     tasks = tasks() if callable(tasks) else tasks
-    # a run of this job started here: the names its plan gives are its own (any plan version)
-    # before a first run nothing is (a shard under a planned name was written by someone else)
-    known = list(tasks) + list(run_dir.load_tasks(plan, range(run_dir.task_count(plan)))) if plan else []
-    names, patterns = _planned(known)
-    inputs = {_canonical(u) for t in tasks for u in t.inputs}
-    for directory, url in existing:
-        if url not in inputs and not _ours(url, names, patterns):
-            raise JobError(f"output directory {directory} holds shards this job did not write (e.g. "
-                           f"{url.rsplit('/', 1)[-1]}): they could be another dataset; choose another "
-                           "output directory, or pass --overwrite (overwrite=True) to write there anyway")
+    names, patterns = _planned(tasks)
+    hits = [(d, url) for d, url in existing if _ours(url, names, patterns)]
+    if hits:
+        resolve = _Resolver()
+        inputs = {resolve(u) for t in tasks for u in t.inputs}
+        hits = [(d, url) for d, url in hits if url not in inputs]
+    if hits and stored is not None:  # a rerun: the names its stored plan gives are its own
+        old_names, old_patterns = _planned(run_dir.load_tasks(stored, range(run_dir.task_count(stored))))
+        hits = [(d, url) for d, url in hits if not _ours(url, old_names, old_patterns)]
+    if hits:
+        directory, url = hits[0]
+        more = f" (and {len(hits) - 1} more)" if len(hits) > 1 else ""
+        raise JobError(f"output {url.rsplit('/', 1)[-1]}{more} in {directory} already exists and no run of this "
+                       f"run directory ({run_dir.url}) wrote it: it could be another dataset's; choose other "
+                       "output names, or pass --overwrite (overwrite=True) to replace it")
 
 
-def check_table(job: "ShardJob", table: dict[str, Any], run_dir: RunDir, *, overwrite: bool = False) -> None:
+def stored_plan_tasks(tasks: list[Task], run_dir: RunDir, stored: dict[str, Any] | None) -> list[Task] | None:
+    """The stored plan's tasks when the new plan differs from it only by inputs that are the stored plan's
+    own outputs (`split '*.tar' -o '{name}-{part:04d}.tar'` run twice: the glob now matches the first
+    run's outputs); None otherwise. A rerun then resumes the plan it started with."""
+    if stored is None:
+        return None
+    old = list(run_dir.load_tasks(stored, range(run_dir.task_count(stored))))
+    names, patterns = _planned(old)
+    resolve = _Resolver()
+    kept = [u for t in tasks for u in t.inputs if not _ours(resolve(u), names, patterns)]
+    if kept != [u for t in old for u in t.inputs]:
+        return None
+    return old
+
+
+def check_outputs(job: "ShardJob", tasks: list[Task] | None, table: dict[str, Any] | None, run_dir: RunDir,
+                  stored: dict[str, Any] | None, *, overwrite: bool = False) -> list[Task] | None:
+    """The checks of a plan that is not the one stored in `run_dir` (a first run, or another plan): not in
+    place, no foreign shard overwritten. Returns the stored plan's tasks when the rerun resumes them
+    (stored_plan_tasks), else None."""
+    if table is not None:
+        check_table(job, table, run_dir, overwrite=overwrite, stored=stored)
+        return None
+    assert tasks is not None
+    try:
+        check_not_in_place(tasks)
+    except JobError:
+        resumed = stored_plan_tasks(tasks, run_dir, stored)
+        if resumed is None:
+            raise
+        return resumed
+    if not overwrite:
+        check_foreign_shards(job, tasks, run_dir, stored=stored)
+    return None
+
+
+def check_table(job: "ShardJob", table: dict[str, Any], run_dir: RunDir, *, overwrite: bool = False,
+                stored: dict[str, Any] | None = None) -> None:
     """The checks above for a plan given as a table (rundir.plan_table): decided from the folders its
     columns name, so a million-task plan whose outputs go to other folders than its inputs, into empty
     folders, is checked without making one Task. Otherwise the tasks are made (once) and checked."""
@@ -155,10 +233,11 @@ def check_table(job: "ShardJob", table: dict[str, Any], run_dir: RunDir, *, over
 
     inputs, outputs, parts = (_table_folders(table[c]) for c in ("inputs", "outputs", "output_parts"))
     if inputs is None or outputs is None or parts is None or (
-            {_canonical_folder(f) for f in inputs} & {_canonical_folder(f) for f in outputs | parts}):
+            _input_folders(inputs) & {_canonical_folder(f) for f in outputs | parts}):
         check_not_in_place(tasks())  # inputs and outputs may share a folder: compare every name
     if not overwrite:
-        check_foreign_shards(job, tasks, run_dir, directories=None if outputs is None else sorted(outputs))
+        check_foreign_shards(job, tasks, run_dir, directories=None if outputs is None else sorted(outputs),
+                             stored=stored)
 
 
 def _table_folders(runs: list[dict[str, Any]]) -> set[str] | None:
@@ -176,6 +255,16 @@ def _canonical_folder(folder: str) -> str:
     return _canonical(folder + "/x").rpartition("/")[0]
 
 
+def _input_folders(folders: set[str]) -> set[str]:
+    """Canonical input folders, and the folders symlinked files in them point into (one scandir each)."""
+    canonical = {_canonical_folder(f) for f in folders}
+    resolve = _Resolver()
+    for folder in canonical:
+        if folder.startswith("file://"):
+            resolve(folder + "/x")
+    return canonical | resolve.link_targets()
+
+
 def check_code(job: "ShardJob", run_dir: RunDir, *, redo: bool = False, resume_anyway: bool = False,
                overwrite: bool = False) -> dict[str, Any]:
     """After the plan is written: refuse a run directory planned with other code unless told what to do.
@@ -186,7 +275,7 @@ def check_code(job: "ShardJob", run_dir: RunDir, *, redo: bool = False, resume_a
     code = code_fingerprint(job)
     plan = run_dir.read_json(PLAN)
     old = plan.get("code")
-    if old is not None and old.get("fingerprint") == code["fingerprint"]:
+    if old is not None and same_code(old, code):
         if overwrite and not plan.get("overwrite"):
             run_dir.write_json(PLAN, {**plan, "overwrite": True})
         return code

@@ -7,6 +7,8 @@ part within a task). A fixed name that rolls over gets `_001`, `_002`... before 
 
 from __future__ import annotations
 
+import functools
+import posixpath
 import re
 import string
 from typing import Any, Sequence
@@ -62,6 +64,19 @@ def is_pattern(outputs: str | Sequence[str]) -> bool:
     return isinstance(outputs, str) and bool(_FIELD.search(outputs))
 
 
+def first_output_folder(outputs: str | Sequence[str]) -> str | None:
+    """The folder of the first task's output, from the outputs alone (no listing of the inputs, no plan):
+    a pattern's literal folder, or the first name a spec expands to; None when a field is in the folder
+    (`out/{task}/x.tar`: the plan says)."""
+    if is_pattern(outputs):
+        folder = outputs.rpartition("/")[0]  # type: ignore[union-attr]
+        return None if "{" in folder or "}" in folder else folder or "."
+    first = outputs if isinstance(outputs, str) else (outputs[0] if outputs else None)
+    if not isinstance(first, str):
+        return None
+    return next(iter(braceexpand.braceexpand(first)), "").rpartition("/")[0] or "."
+
+
 def output_names(outputs: str | Sequence[str], groups: Sequence[Sequence[str]]) -> list[tuple[str, str]]:
     """(URL of part 0, format string of the rollover parts) for each task's input group."""
     if is_pattern(outputs):
@@ -79,12 +94,42 @@ def output_names(outputs: str | Sequence[str], groups: Sequence[Sequence[str]]) 
 
 
 def pattern_name(pattern: str, task_id: int, first_input: str) -> tuple[str, str]:
-    """(URL of part 0, format string of the rollover parts) of one task of an output pattern."""
-    filled = fill_pattern(pattern, {"task": task_id, "name": shard_stem(first_input)})
+    """(URL of part 0, format string of the rollover parts) of one task of an output pattern.
+
+    Input names come from whoever fills the bucket: a stem `.` or `..` (an input named `...tar`), or a
+    filled name that leaves the folder the pattern's literal prefix names, is refused."""
+    stem = shard_stem(first_input)
+    if stem in (".", "..") and "{name" in pattern:
+        raise JobError(f"input {first_input!r} of task {task_id} has the name {stem!r}, which as {{name}} in "
+                       f"output pattern {pattern!r} would point outside the output folder; rename the input")
+    filled = fill_pattern(pattern, {"task": task_id, "name": stem})
     if "{part" in filled:
-        return filled.format(part=0), filled
-    unescaped = filled.replace("{{", "{").replace("}}", "}")
-    return unescaped, with_part_suffix(unescaped)
+        name, parts = filled.format(part=0), filled
+    else:
+        name = filled.replace("{{", "{").replace("}}", "}")
+        parts = with_part_suffix(name)
+    _check_inside(pattern, name, task_id, first_input)
+    return name, parts
+
+
+@functools.lru_cache(maxsize=64)
+def _pattern_folder(pattern: str) -> tuple[str, str]:
+    """(the folder of a pattern's literal prefix, as written; normalised without its scheme)."""
+    literal = next(iter(string.Formatter().parse(pattern)), ("", None, None, None))[0]
+    folder = literal.rpartition("/")[0]
+    base = folder.partition("://")[2] if "://" in folder else folder
+    return folder, posixpath.normpath(base) if base else "."
+
+
+def _check_inside(pattern: str, name: str, task_id: int, first_input: str) -> None:
+    """Refuse `name` unless it lies in the folder named by the literal text before the pattern's first field."""
+    folder, root = _pattern_folder(pattern)
+    inside = posixpath.normpath(name.partition("://")[2] if "://" in name else name)
+    escapes = inside == ".." or inside.startswith("../") if root == "." else \
+        not (inside + "/").startswith(root.rstrip("/") + "/")
+    if escapes or (root == "." and inside.startswith("/")):
+        raise JobError(f"output {name!r} of task {task_id} (from input {first_input!r}) resolves outside "
+                       f"{(folder or '.')!r}, the folder of output pattern {pattern!r}; rename the input")
 
 
 def _pattern_names(pattern: str, groups: Sequence[Sequence[str]]) -> list[tuple[str, str]]:

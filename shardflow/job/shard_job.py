@@ -16,11 +16,12 @@ import uuid
 from typing import Any, Callable
 
 from shardflow.errors import JobError
-from shardflow.job import guard
+from shardflow.job import code_origin, guard
 from shardflow.job.backend_registry import front_end
 from shardflow.job.inputs import input_urls, input_views, job_decoder, views_setting
 from shardflow.job.lazy_plan import table_from_specs
-from shardflow.job.naming import output_names
+from shardflow.job.naming import first_output_folder, output_names
+from shardflow.rundir.plan_store import plan_fingerprint, plan_tasks, same_table
 from shardflow.rundir.run_dir import RunDir
 from shardflow.rundir.tasks import Task
 from shardflow.shards.spec import is_spec
@@ -36,7 +37,7 @@ __all__ = ["ShardJob", "UNLIMITED"]
 _CACHES = {
     "_tasks": ("inputs", "outputs", "inputs_per_task"),
     "_run_dir_url": ("inputs", "outputs", "inputs_per_task", "run_dir", "name"),
-    "_rundir": ("inputs", "outputs", "inputs_per_task", "run_dir", "name", "storage_options"),
+    "_rundir": ("inputs", "outputs", "inputs_per_task", "run_dir", "name", "storage_options", "retry_budget"),
     "_decoder": ("decode", "allow_pickle", "device", "inputs", "storage_options"),
     "_encoder": ("encode",),
 }
@@ -118,13 +119,16 @@ class ShardJob:
         state = dict(self.__dict__)
         state["_tasks"] = None
         state["_rundir"] = None
+        state["_code_origin"] = code_origin.capture(self.fn)  # tracebacks name the user's file: see code_origin
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Jobs pickled before the job was a value (0.1.0 and 0.2 job.pkl: every setting an attribute)."""
         if "spec" not in state:
             state = _spec_from_attributes(state)
+        origin = state.pop("_code_origin", None)
         self.__dict__.update(state)
+        code_origin.restore(self.fn, origin)
 
     # -- where things go -----------------------------------------------------------------------
     def options_for(self, url: str) -> dict[str, Any]:
@@ -135,14 +139,17 @@ class ShardJob:
     def run_dir(self) -> str:
         """The run directory URL (default: `_shardflow` beside the first output shard, or
         `_shardflow-<job>-<hash>` there when `_shardflow` holds another job's plan: job.guard)."""
-        if self._run_dir_url is None:
-            first = self.plan()[0].output
-            _set(self, _run_dir_url=guard.default_run_dir(self, first.rpartition("/")[0] or "."))
+        if self._run_dir_url is None:  # from the outputs alone where they say it (a million tasks: no plan)
+            head = first_output_folder(self.spec.outputs) if self._tasks is None else None
+            if head is None:
+                head = self.plan()[0].output.rpartition("/")[0] or "."
+            _set(self, _run_dir_url=guard.default_run_dir(self, head))
         return self._run_dir_url
 
     def rundir(self) -> RunDir:
         if self._rundir is None:
-            _set(self, _rundir=RunDir(self.run_dir, self.options_for(self.run_dir)))
+            url = self.run_dir
+            _set(self, _rundir=RunDir(url, self.options_for(url), retry_budget=self.spec.retry_budget))
         return self._rundir
 
     def task_context(self) -> TaskContext:
@@ -221,30 +228,37 @@ class ShardJob:
                 overwrite: bool = False) -> RunDir:
         """Write the plan and the pickled job to the run directory (once); returns it.
 
-        Refuses outputs in place, output folders holding shards this job did not write (unless
-        `overwrite`) and a run directory planned with other code (unless `redo` or `resume_anyway`):
-        see job.guard.
+        Refuses outputs in place, existing shards under planned names that no run of this run directory
+        wrote (unless `overwrite`), and a run directory planned with other settings or code (unless `redo`:
+        start over; `force` is its older name; or, for code, `resume_anyway`): see job.guard. A rerun whose
+        plan is the stored one skips the output checks (its first run passed them): no listing.
         """
         from shardflow.job.jobrecord import save_job
 
         self.make_decoder()
         self.make_encoder()
+        redo = redo or force  # one word for "start over" (force: its older name, kept as an alias)
         run_dir = self.rundir()
         run_dir.remove_stale_temps()  # a driver killed mid-write of a marker leaves one behind
         # a brace range with an output pattern is stored as a table: 1M tasks never become 1M JSON objects
         spec = self.spec
         table = None if self._tasks is not None else table_from_specs(spec.inputs, spec.outputs, spec.inputs_per_task)
-        if table is None:
-            tasks = self.plan()
-            guard.check_not_in_place(tasks)
-            if not overwrite:
-                guard.check_foreign_shards(self, tasks, run_dir)
-        else:  # from the table's folders: no Task made unless inputs and outputs share a folder
-            guard.check_table(self, table, run_dir, overwrite=overwrite)
+        planned: dict[str, Any] = {"table": table} if table is not None else {"tasks": self.plan()}
+        settings, stored = self.settings(), run_dir.stored_plan()
+        if same_table(stored, table, settings):  # the stored plan: its fingerprint, without hashing N tasks
+            fingerprint = stored["fingerprint"]  # type: ignore[index]
+        else:
+            fingerprint = plan_fingerprint(plan_tasks(planned), settings)
+        if stored is None or stored.get("fingerprint") != fingerprint:  # the stored plan passed these checks
+            resumed = guard.check_outputs(self, planned.get("tasks"), table, run_dir, stored, overwrite=overwrite)
+            if resumed is not None:  # the rerun's glob matched the first run's outputs: resume the plan there
+                _set(self, _tasks=resumed)
+                planned = {"tasks": resumed}
+                fingerprint = plan_fingerprint(resumed, settings)
         code = guard.code_fingerprint(self)
-        planned: dict[str, Any] = {"table": table} if table is not None else {"tasks": tasks}
-        run_dir.init_plan({"job": self.describe(), **planned, "settings": self.settings(), "code": code}, force=force)
-        guard.check_code(self, run_dir, redo=redo or force, resume_anyway=resume_anyway, overwrite=overwrite)
+        run_dir.init_plan({"job": self.describe(), **planned, "settings": settings, "code": code}, force=redo,
+                          fingerprint=fingerprint, stored=stored)
+        guard.check_code(self, run_dir, redo=redo, resume_anyway=resume_anyway, overwrite=overwrite)
         save_job(run_dir, self)
         return run_dir
 
@@ -266,6 +280,14 @@ class ShardJob:
     def to_argo(self, image: str, *, prepare: bool = True, **options: Any) -> str:
         """YAML of an Argo Workflow running this job (same options as to_kubernetes)."""
         return front_end("argo")(self, "argo", image, prepare=prepare, **options)
+
+    def to_slurm(self, *, prepare: bool = True, **options: Any) -> str:
+        """The sbatch script of a Slurm job array running this job; writes the plan first unless prepare=False.
+
+        Options: partition, time, cpus_per_task, mem, gpus, setup, container, shared_fs, ... (see
+        shardflow.cluster.slurm.SlurmOptions and docs/slurm.md).
+        """
+        return front_end("slurm")(self, "slurm", None, prepare=prepare, **options)
 
     def __repr__(self) -> str:
         return f"ShardJob({self.fn_name()}, {self.spec!r})"

@@ -3,12 +3,20 @@
 For each sample: a fresh private directory (mkdtemp, mode 0700; in /dev/shm unless TMPDIR or
 `tmpdir` say otherwise, see default_tmpdir) receives the members as
 `<key-basename>.<ext>` (names made safe by shell_files: member names are data), `sh -c CMD` runs there
-with no stdin, a timeout, its own process group (killed whole on timeout) and a clean environment
-(PATH, HOME and TMPDIR pointing into the sample's directory, LANG/LC_ALL=C.UTF-8, plus what the user
-passes); then every file in the directory is read back as the output sample: deleted files dropped,
-new files added, `__key__` kept; no file left drops the sample. A non-zero exit or a timeout raises
-CommandFailed (a SampleError) with the tail of the command's stderr, so the job's error policy counts
-it and errors/ logs it.
+with no stdin, a timeout, its own session and a clean environment (PATH, HOME and TMPDIR pointing
+into the sample's directory, LANG/LC_ALL=C.UTF-8, plus what the user passes); when it exits (or times
+out) its process group is killed and then every process it started, even in another session
+(shell_procs.Tether); then every file in the directory is read back as the output sample: deleted
+files dropped, new files added, `__key__` kept; no file left drops the sample (files of
+shell_files.STREAM_FROM bytes and more come back as open descriptors, FileValue, that the shard writer
+streams: the directory is removed right after read-back, the descriptor keeps the data). A non-zero exit or a
+timeout raises CommandFailed (a SampleError) naming the command, its exit status and the tail of its
+stderr, so the job's error policy counts it and errors/ logs it (without a traceback through
+shardflow: the message says everything).
+
+`env` values are written into job.pkl like every setting, so a secret-looking name (the rule of
+storage.options.is_secret_name, the one `shardflow k8s --env` applies) is refused with a pointer to
+`pass_env` / `--pass-env`, which copies the value from the worker's environment when the command runs.
 
 `parallel=N` runs N samples of a task at once in threads (each waits on its subprocess with the GIL
 released): run_task applies the fn's `arrange_samples` stage to the input stream, which starts the
@@ -33,6 +41,9 @@ from typing import Any, Iterator, Mapping, Sequence
 from shardflow.errors import JobError, SampleError
 from shardflow.job.shard_job import ShardJob
 from shardflow.job.shell_files import read_sample, write_sample
+from shardflow.job.shell_procs import Tether
+from shardflow.storage.options import is_secret_name
+from shardflow.text import safe, safe_repr
 
 STDERR_TAIL = 2000  # characters of the command's stderr kept in the error message
 _RESULT = "__shell_result__"  # where arrange_samples leaves a finished command's outcome
@@ -40,7 +51,18 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 class CommandFailed(SampleError):
-    """The command exited non-zero or ran out of time on one sample (reason: exit status, stderr tail)."""
+    """The command exited non-zero or ran out of time on one sample (reason: the command, its exit
+    status, its stderr tail). The reason says all there is: no traceback is kept for it, and when it
+    fails every sample the run stops with `every_sample_failed`'s message, not as a bug in process()."""
+
+    hide_traceback = True
+
+    @staticmethod
+    def every_sample_failed(first: dict[str, Any], failed: int, total: int) -> str:
+        """The run's message when the command failed on every sample (task.failures.user_bug)."""
+        return (f"the command failed on every sample ({failed} of {total}), e.g. shard {safe(first['shard'])}, "
+                f"key {safe_repr(first['key'])}: {safe(first['reason'], 2000)}; the run stops: fix the command "
+                "(try it by hand in a folder holding one sample's files) and run the same command again")
 
 
 class ShellCommand:
@@ -61,6 +83,11 @@ class ShellCommand:
         self.parallel = int(parallel)
         self.timeout = float(timeout)
         self.env = dict(env or {})
+        for name in self.env:
+            if is_secret_name(name):
+                raise JobError(f"env {name} looks like a secret and would be written in clear into the run "
+                               f"directory (job.pkl): export it and pass it by name instead (--pass-env {name}; "
+                               f"in a job file PASS_ENV = [{name!r}])")
         self.pass_env = tuple(pass_env)
         self.tmpdir = tmpdir
         self.shell = shell
@@ -114,23 +141,30 @@ class ShellCommand:
             with open(stderr_path, "wb") as stderr:
                 code = self._execute(work, top, stderr, live)
             if code != 0:
-                raise CommandFailed(_failure(code, self.timeout, _tail(stderr_path)), url=url, key=key)
+                raise CommandFailed(_failure(self.command, code, self.timeout, _tail(stderr_path)), url=url, key=key)
             out = read_sample(work, key, url)
             return out if len(out) > 1 else None  # no file left: the sample is dropped (a filter)
         finally:
             shutil.rmtree(top, ignore_errors=True)
 
     def _execute(self, cwd: str, home: str, stderr: Any, live: "Running | None") -> int | None:
-        """Exit status of the command (None: killed on timeout). Its whole process group is killed then."""
+        """Exit status of the command (None: killed on timeout). Its whole process group is killed then,
+        and every process it started in another session (Tether)."""
         live = live or Running()
-        proc = live.start([self.shell, "-c", self.command], cwd=cwd, stdin=subprocess.DEVNULL,
-                          stdout=subprocess.DEVNULL, stderr=stderr, env=self.environment(home),
-                          start_new_session=True, close_fds=True)
+        tether = Tether()
         try:
-            return proc.returncode if _wait(proc, self.timeout) else None
+            proc = live.start([self.shell, "-c", self.command], cwd=cwd, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=stderr, env=tether.environment(self.environment(home)),
+                              start_new_session=True, close_fds=True, pass_fds=(tether.write_fd,))
+            tether.started()
+            try:
+                return proc.returncode if _wait(proc, self.timeout) else None
+            finally:
+                _kill_group(proc)
+                tether.sweep()
+                live.discard(proc)
         finally:
-            _kill_group(proc)
-            live.discard(proc)
+            tether.close()
 
     def environment(self, home: str) -> dict[str, str]:
         """The clean environment: PATH, HOME/TMPDIR (private), a UTF-8 locale, then pass_env and env."""
@@ -242,13 +276,14 @@ def _tail(path: str) -> str:
     return text[-STDERR_TAIL:].strip()
 
 
-def _failure(code: int | None, timeout: float, stderr: str) -> str:
+def _failure(command: str, code: int | None, timeout: float, stderr: str) -> str:
+    shown = safe_repr(command, 200)
     if code is None:
-        what = f"command timed out after {timeout:g} s"
+        what = f"command {shown} timed out after {timeout:g} s"
     elif code < 0:
-        what = f"command killed by signal {-code}"
+        what = f"command {shown} killed by signal {-code}"
     else:
-        what = f"command exited with status {code}"
+        what = f"command {shown} exited with status {code}"
     return f"{what}; stderr: {stderr!r}" if stderr else f"{what} (no stderr)"
 
 

@@ -7,19 +7,39 @@ a leading `-` or `.` encoded too. The result is always one path component, print
 option (`-rf`), never `..`, never hidden; `*.jpg` in the command matches what it should and nothing
 else. Reading back decodes the extension (`%XX`), so an extension survives the round trip exactly;
 the key is kept from the input (`__key__`), whatever the files are named.
+
+Percent-encoding triples each UTF-8 byte, so a 60-character CJK key would need 540 bytes of file name
+(most filesystems allow 255): a stem longer than MAX_STEM characters keeps its first part and ends in
+`~` and a hash of the key (`~` is never in an encoded name, so the two forms never meet). The file is
+named from the key only for the command's sake; the output's key is the input's.
+
+Reading back opens the sample's directory with O_NOFOLLOW (a command that put a link in its place
+reads nothing of the link's target) and each file relative to it with O_NOFOLLOW, then checks with
+fstat that what was opened is a regular file within MAX_FILE_BYTES: what is read is what was checked.
+A file of STREAM_FROM bytes or more is not read here: its open descriptor is the member's value
+(storage.file_value.FileValue), which the shard writer copies in chunks, so a command that leaves a
+600 MB file does not cost 600 MB of RAM. The descriptor keeps the data when the sample's directory is
+removed (right after read-back), whichever thread writes the shard later.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import stat
 from typing import Any
 
 from shardflow.errors import SampleError
+from shardflow.storage.file_value import FileValue
 
 _SAFE_BASE = re.compile(rb"[A-Za-z0-9_+,=@-]")
 _SAFE_EXT = re.compile(rb"[A-Za-z0-9_+,=@.-]")
 MAX_FILE_BYTES = 1 << 32  # a file the command left that is larger than this fails the sample
+STREAM_FROM = 4 << 20  # a file this large is handed on open (FileValue) and streamed, not read into RAM
+MAX_STEM = 100  # characters of an encoded stem; longer ones are cut and end in ~<hash of the key>
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+_DIR_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
 
 
 def _encode(text: str, safe: re.Pattern[bytes], lead: bool = True) -> str:
@@ -40,12 +60,24 @@ def _decode(text: str) -> str:
 def file_base(key: str) -> str:
     """The file-name stem of a sample: its key's basename, made safe (never empty)."""
     base = key.rsplit("/", 1)[-1]
-    return _encode(base, _SAFE_BASE) if base else "sample"
+    if not base:
+        return "sample"
+    encoded = _encode(base, _SAFE_BASE)
+    if len(encoded) <= MAX_STEM:
+        return encoded
+    cut = MAX_STEM - 18
+    while "%" in encoded[max(0, cut - 2) : cut]:  # never split a %XX escape
+        cut -= 1
+    digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    return f"{encoded[:cut]}~{digest}"
 
 
 def member_file_name(key: str, ext: str) -> str:
     """`<key-basename>.<ext>`, both parts safe as one path component (see the module doc)."""
     ext_part = _encode(ext, _SAFE_EXT, lead=False)  # it follows `<base>.`: never leads the name
+    if len(ext_part) > 250 - MAX_STEM:
+        raise SampleError(f"extension {ext[:40]!r}... is too long to be a file name ({len(ext_part)} characters "
+                          "encoded)", key=key)
     return f"{file_base(key)}.{ext_part}"
 
 
@@ -61,7 +93,11 @@ def write_sample(directory: str, sample: dict[str, Any]) -> None:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
         fd = os.open(os.path.join(directory, name), flags, 0o600)
         with os.fdopen(fd, "wb") as f:
-            f.write(value)
+            if isinstance(value, FileValue):  # a large file another command left: copied in chunks
+                for piece in value.chunks():
+                    f.write(piece)
+            else:
+                f.write(value)
 
 
 def read_sample(directory: str, key: str, url: str) -> dict[str, Any]:
@@ -70,7 +106,21 @@ def read_sample(directory: str, key: str, url: str) -> dict[str, Any]:
     extension, two files with one extension, a directory or a link fail the sample (named)."""
     out: dict[str, Any] = {"__key__": key}
     origin: dict[str, str] = {}
-    with os.scandir(directory) as entries:
+    try:
+        folder = os.open(directory, _DIR_FLAGS)
+    except OSError as exc:
+        raise SampleError(f"the command replaced its own directory ({exc.strerror}); nothing read back", url=url,
+                          key=key) from None
+    try:
+        _read_files(folder, out, origin, url)
+    finally:
+        os.close(folder)
+    return out
+
+
+def _read_files(folder: int, out: dict[str, Any], origin: dict[str, str], url: str) -> None:
+    key = out["__key__"]
+    with os.scandir(folder) as entries:
         for entry in sorted(entries, key=lambda e: e.name):
             name = entry.name
             if name.startswith("."):
@@ -86,9 +136,30 @@ def read_sample(directory: str, key: str, url: str) -> dict[str, Any]:
             if ext in out:
                 raise SampleError(f"the command left {origin[ext]!r} and {name!r}: two files with the extension "
                                   f"{ext!r}; remove or rename one", url=url, key=key)
-            if entry.stat(follow_symlinks=False).st_size > MAX_FILE_BYTES:
-                raise SampleError(f"the command left {name!r}, larger than {MAX_FILE_BYTES} bytes", url=url, key=key)
-            with open(entry.path, "rb") as f:
-                out[ext] = f.read()
+            out[ext] = _read_file(folder, name, url, key)
             origin[ext] = name
-    return out
+
+
+def _read_file(folder: int, name: str, url: str, key: str) -> bytes | FileValue:
+    """The bytes of the regular file `name` in `folder`, as opened (no link followed, type and size
+    checked on the open descriptor, so a file swapped after the listing is refused, not read); from
+    STREAM_FROM bytes on, the open descriptor itself (FileValue), which the shard writer streams."""
+    try:
+        fd = os.open(name, _OPEN_FLAGS, dir_fd=folder)
+    except OSError as exc:  # ELOOP: a link put there after the listing
+        raise SampleError(f"the command left {name!r}, which cannot be opened as a file ({exc.strerror})",
+                          url=url, key=key) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise SampleError(f"the command left {name!r}, which is not a regular file", url=url, key=key)
+        if info.st_size > MAX_FILE_BYTES:
+            raise SampleError(f"the command left {name!r}, larger than {MAX_FILE_BYTES} bytes", url=url, key=key)
+        if info.st_size >= STREAM_FROM:  # handed on open: the writer copies it in chunks (FileValue)
+            value, fd = FileValue(fd, info.st_size, name), -1
+            return value
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()  # sized by fstat; every process of the command has been ended before this
+    finally:
+        if fd >= 0:
+            os.close(fd)

@@ -91,6 +91,8 @@ class ShardDataset(IterableDataset):
     they resolve to (urls, the manifest, a Locator) travels with the dataset, not in its settings.
 
     Notes on the options
+    - decode defaults to "torchrgb8" here (a model wants tensors) and to None in ShardJob (a job mostly
+      re-encodes or copies bytes; decoding them would be wasted): see docs/reader.md.
     - decode `"torchrgb8-cuda"` (or `gpu_decode=True`) decodes JPEGs on the GPU in batches in the main
       process (Loader, or in-process iteration); without a GPU it warns and decodes on CPU.
     - the shuffle buffer holds raw (still encoded) samples; set_epoch(e) picks the epoch of the order.
@@ -226,6 +228,8 @@ class ShardDataset(IterableDataset):
                       "decoding on CPU in the DataLoader workers instead")
         gpu_defer = self.gpu_decode and (self._tagged or not in_worker)
         epoch, start = self._begin_epoch(worker, workers, in_worker)
+        if worker == 0:
+            self._warn_unequal_ranks(epoch)
         items = iter(self._epoch_stream(worker, workers, epoch, start, gpu_defer))
         finish = self.finish if gpu_defer and not self._tagged else None
         try:
@@ -242,6 +246,13 @@ class ShardDataset(IterableDataset):
             items.close()  # type: ignore[attr-defined]
         if not in_worker and self._progress is not None:
             self._progress.finished = True
+
+    def _warn_unequal_ranks(self, epoch: int) -> None:
+        """Say (once per process) when several ranks will yield different numbers of items."""
+        quotas = None if self._mix is None else self._mix.quotas(self.settings, epoch) is not None
+        message = self._layout.unequal_ranks_message(quotas)
+        if message is not None:
+            warn_once(message, stacklevel=4)
 
     def _begin_epoch(self, worker: int, workers: int, in_worker: bool) -> tuple[int, Position]:
         """(the epoch this iteration runs, where `worker` starts in it); in-process, also starts

@@ -114,6 +114,26 @@ class Layout:
             )
         return n
 
+    def unequal_ranks_message(self, mixed_quotas: bool | None = None) -> str | None:
+        """The warning for several ranks whose sample counts nothing makes equal (counts unknown, no
+        equalize=/epoch_size=, not resampled; a mixed spec without quotas): the ranks then yield
+        different numbers of batches, and a collective op after the shortest rank's last batch (DDP's
+        gradient all_reduce) waits forever. None when the counts are equal. `mixed_quotas`: for a
+        dataset spec, whether its quotas are known (they equalise the ranks)."""
+        s = self.settings
+        _, world = self.plan_rank_world()
+        if world <= 1 or s.resampled:
+            return None
+        if mixed_quotas is not None:
+            if mixed_quotas:
+                return None
+        elif self.counts is not None or s.epoch_size is not None:
+            return None
+        return (f"{world} ranks read shards without sample counts (no manifest at {summary_url(self.urls[0])}) "
+                "and nothing equalises them: ranks get different numbers of samples, and a collective op "
+                "at the end of the epoch (DDP's all_reduce) can hang; run `shardflow index SPEC` once (then "
+                "pass equalize='drop'), or give epoch_size= (see docs/reader.md, 'Training on several ranks')")
+
     def split_message(self, workers: int) -> str:
         """The warning for fewer shards than readers (shards are then split between workers)."""
         _, world = self.plan_rank_world()

@@ -14,7 +14,9 @@ yield the same number of batches). The rank's sequence of collection labels is a
 of that multiset (numpy PCG64 from (seed, epoch, rank)): an exact mix, uniformly interleaved.
 Workers take contiguous whole-batch slices of it (split.worker_part), so a rank's number of batches
 does not depend on its number of workers. Collection i's samples for a rank are a contiguous range
-of its epoch sequence (shards in a per-epoch order, wrapping around for repeats); a worker reads the
+of the collection's endless sequence of passes (split.pass_segments: each pass every sample once, in
+its own shard order; epoch e takes the e-th window of quota-sized windows, so a quota below the
+collection's size covers every sample over consecutive epochs before repeating); a worker reads the
 sub-range its slice needs. With counts unknown a worker cycles through its round-robin share of the
 shards of each collection until its slice is served.
 
@@ -25,6 +27,7 @@ collections, weights and quotas are part of the state's fingerprint.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
@@ -38,12 +41,11 @@ from shardflow.reader.shard_source import ShardSource
 from shardflow.reader.split import (
     Consumer,
     Segment,
-    _ranges_to_segments,
     assign,
     batch_count,
     mix,
+    pass_segments,
     rng_for,
-    shard_order,
     worker_part,
 )
 from shardflow.reader.state import ErrorCount, fingerprint
@@ -104,7 +106,8 @@ class DatasetMix:
     @classmethod
     def load(cls, spec: Any, storage_options: Any, manifest: Any) -> DatasetMix:
         loaded = load_spec(spec, storage_options)
-        manifests = tuple(ShardManifest.load(manifest, list(c.urls), storage_options) for c in loaded.collections)
+        cache: dict = {}  # one read and index per summary.json, however many collections share it
+        manifests = tuple(ShardManifest.load(manifest, c.urls, storage_options, cache) for c in loaded.collections)
         return cls(loaded, manifests)
 
     @property
@@ -130,6 +133,12 @@ class DatasetMix:
         if settings.resampled or settings.equalize is not None:
             raise SpecError(f"spec {self.spec.source}: resampled= and equalize= do not apply to a mixed spec "
                             "(its quotas already give every rank the same count)")
+        if settings.epoch_size is None and self.quotas(settings, 0) is None:
+            ranged = [c for c in self.collections if c.repeat != (1.0, 1.0)]
+            if ranged:
+                warn_once(f"spec {self.spec.source}: 'repeat' ({ranged[0].where}) has no effect: its collections' "
+                          "sample counts are unknown and it gives no 'epoch:', so each collection is read once; "
+                          "run `shardflow index SPEC` (counts) or give 'epoch:' / epoch_size=", stacklevel=5)
 
     # -- quotas ----------------------------------------------------------------------------------
 
@@ -188,10 +197,10 @@ class DatasetMix:
         parts = []
         for i, m in enumerate(self.manifests):
             take = int(mine[i])
-            if m.counts is not None:
-                start = plan.rank * per_rank[i] + int(before[i])
-                order = shard_order(len(m.counts), mix(settings.seed, i), epoch, settings.shardshuffle)
-                segments = _ranges_to_segments(start, start + take, order, m.counts) if take else []
+            if m.counts is not None:  # this epoch's window of the collection's passes (split.pass_segments)
+                start = (epoch * plan.world + plan.rank) * per_rank[i] + int(before[i])
+                segments = pass_segments(start, start + take, m.counts, mix(settings.seed, i),
+                                         settings.shardshuffle) if take else []
                 parts.append(PartPlan(tuple(segments), take, False))
             else:
                 parts.append(PartPlan(self._round_robin(i, settings, plan, epoch), take, True))
@@ -267,11 +276,14 @@ class MixSource:
         collections = self.mix.collections
         weights = [col.weight if col.weight is not None else 1.0 for col in collections]
         active = list(range(len(streams)))
+        cumulative = list(itertools.accumulate(weights))  # O(log C) a draw, rebuilt only when one runs out
         while active:
-            i = rng.choices(active, [weights[j] for j in active])[0] if len(active) > 1 else active[0]
+            # the same draws as rng.choices(active, weights of active): choices accumulates them itself
+            i = rng.choices(active, cum_weights=cumulative)[0] if len(active) > 1 else active[0]
             sample = next(streams[i], None)
             if sample is None:
                 active.remove(i)
+                cumulative = list(itertools.accumulate(weights[j] for j in active))
             else:
                 yield collections[i].view(sample)
 

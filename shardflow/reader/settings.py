@@ -73,8 +73,9 @@ class ReaderOptions:
                                                    "('a;b': the first present)")
     # reading
     storage_options: dict[str, Any] | None = _option(None, "fsspec options (flat or per URL prefix)")
-    cache_dir: str | None = _option(None, "a local LRU cache of remote shards (None: no cache)")
-    cache_size: int | str = _option("20GB", "the cache's size limit")
+    cache_dir: str | None = _option(None, "a local LRU cache of remote shards (None: $WDS_CACHE when set, else "
+                                    "no cache)")
+    cache_size: int | str = _option("20GB", "the cache's size limit (default: $WDS_CACHE_SIZE bytes when set)")
     on_error: str = _option(DEFAULT_ON_ERROR_READER, "bad samples and damaged shards: 'raise', 'skip' or 'warn' "
                             "(skip and warn)")
     # splitting over ranks and workers
@@ -154,6 +155,7 @@ class ReaderSettings:
             "shardshuffle": shuffle > 0 if o.shardshuffle is None else bool(o.shardshuffle),
             "seed": int.from_bytes(os.urandom(8), "little") if o.seed is None else int(o.seed),
             "collate_fn": o.collate,
+            **_webdataset_cache(o.cache_dir, o.cache_size),
             "rank_world": None if o.rank is None else (int(o.rank), int(o.world_size)),  # type: ignore[arg-type]
         }
         same = {name: getattr(o, name) for name in _SETTING_NAMES if name not in resolved}
@@ -176,6 +178,21 @@ class ReaderSettings:
 
 
 _SETTING_NAMES = tuple(f.name for f in dataclasses.fields(ReaderSettings))
+
+
+def _webdataset_cache(cache_dir: str | None, cache_size: int | str) -> dict[str, Any]:
+    """cache_dir / cache_size, with webdataset's variables (WDS_CACHE, WDS_CACHE_SIZE in bytes) where the
+    option was left at its default: a webdataset user's environment keeps its meaning."""
+    if cache_dir is None and os.environ.get("WDS_CACHE"):
+        cache_dir = os.environ["WDS_CACHE"]
+    default_size = next(f.default for f in dataclasses.fields(ReaderOptions) if f.name == "cache_size")
+    if cache_size == default_size and os.environ.get("WDS_CACHE_SIZE"):
+        try:
+            cache_size = int(float(os.environ["WDS_CACHE_SIZE"]))
+        except ValueError:
+            raise ValueError("WDS_CACHE_SIZE must be a number of bytes, "
+                             f"got {os.environ['WDS_CACHE_SIZE']!r}") from None
+    return {"cache_dir": cache_dir, "cache_size": cache_size}
 
 
 def _decode_options(

@@ -20,7 +20,9 @@ Two ways to split, chosen by what is known:
   shard is read by `k = ceil(consumers / shards)` consumers, each keeping every k-th sample.
 
 Either way, every sample of the epoch goes to exactly one consumer (unless `equalize`/`epoch_size` ask
-for fixed counts, which drop or repeat a few samples).
+for fixed counts, which drop or repeat a few samples). With counts and `epoch_size`, epoch e reads the
+e-th window of an endless sequence of passes over all samples (pass_segments): consecutive epochs
+cover every sample once before any repeats, whatever the epoch size.
 """
 
 from __future__ import annotations
@@ -178,6 +180,23 @@ def _ranges_to_segments(lo: int, hi: int, order: Sequence[int], counts: Sequence
     return segments
 
 
+def pass_segments(lo: int, hi: int, counts: Sequence[int], seed: int, shardshuffle: bool) -> list[Segment]:
+    """Segments of positions [lo, hi) of an endless sequence of passes over all samples: pass p holds
+    every sample once, its shards in shard_order(..., p, ...). A fixed epoch size (epoch_size=, a
+    collection's quota) reads consecutive windows of it, so every sample comes once before any repeats;
+    with windows of one pass each, window p is exactly epoch p's natural order."""
+    total = sum(counts)
+    segments: list[Segment] = []
+    p = lo
+    while p < hi and total > 0:
+        n = p // total
+        end = min(hi, (n + 1) * total)
+        order = shard_order(len(counts), seed, n, shardshuffle)
+        segments.extend(_ranges_to_segments(p - n * total, end - n * total, order, counts))
+        p = end
+    return segments
+
+
 def assign(
     nshards: int,
     consumer: Consumer,
@@ -199,7 +218,11 @@ def assign(
         nonempty = sum(1 for n in counts if n > 0)
         start, length = rank_range(total, consumer.world, consumer.rank, equalize, epoch_size)
         a, b = worker_part(length, consumer.workers, consumer.worker, batch_size, partial)
-        segments = _ranges_to_segments(start + a, start + b, order, counts) if b > a else []
+        if epoch_size is None:
+            segments = _ranges_to_segments(start + a, start + b, order, counts) if b > a else []
+        else:  # epochs tile an endless sequence of passes: every sample once before any repeats
+            base = (epoch * consumer.world + consumer.rank) * length
+            segments = pass_segments(base + a, base + b, counts, seed, shardshuffle) if b > a else []
         return Assignment(tuple(segments), b - a if fixed else None, b - a, nonempty < consumer.count)
     if equalize is not None and epoch_size is None:
         raise ValueError(
@@ -253,6 +276,6 @@ def resampled_shards(nshards: int, counts: Sequence[int] | None, rng: random.Ran
 
 
 __all__ = [
-    "Assignment", "Consumer", "Segment", "assign", "batch_count", "mix", "rank_length", "rank_range",
+    "Assignment", "Consumer", "Segment", "assign", "batch_count", "mix", "pass_segments", "rank_length", "rank_range",
     "resampled_shards", "rng_for", "shard_order", "worker_part",
 ]

@@ -5,11 +5,15 @@
     job.pkl                the job (cloudpickle), so Dask workers and pods can rebuild it
     job.json               versions that wrote job.pkl, and a job file's source (job.jobrecord)
     lease.json             the driver that holds the run (rundir.lease)
+    lease.json.taken-<h>   a takeover of the lease whose bytes hash to <h> (local run dirs; rundir.lease)
     done/000017.json       completion marker of task 17: outputs + stats; written LAST
     failed/000017.json     why task 17 failed last time (removed when it later succeeds)
     errors/000017.jsonl    one line per dropped/failed sample of task 17
     summaries/A-B.json     the merged markers of tasks A..B-1 (rundir.summaries)
+    records/000017.d....   task 17's times, counts and worker, in the file's name (rundir.records)
+    running/000017.T.W     task 17 runs on worker W since T (removed when it ends)
     summary.json           the merged report of the last run (its shard list is the reader's manifest)
+    last_run.json          the same without the shard list (a few KB at any N: what `status` reads)
 
 The default run directory is `_shardflow` beside the outputs, which is also where the reader and the
 progress bar look for the summary of shards a run wrote (`summary_beside`); beside it may stand
@@ -28,8 +32,10 @@ JOB_PICKLE = "job.pkl"
 JOB_RECORD = "job.json"
 LEASE = "lease.json"
 SUMMARY = "summary.json"
+LAST_RUN = "last_run.json"  # summary.json less its shard list: what `status` reads (rundir.report)
 DONE, FAILED, ERRORS, SUMMARIES, PLAN_CHUNKS = "done", "failed", "errors", "summaries", "plan"
-OWN_FOLDERS = ("", DONE, FAILED, ERRORS, SUMMARIES, PLAN_CHUNKS)  # every folder a run directory writes
+RECORDS, RUNNING = "records", "running"  # task records in file names (rundir.records)
+OWN_FOLDERS = ("", DONE, FAILED, ERRORS, SUMMARIES, PLAN_CHUNKS, RECORDS, RUNNING)  # every folder it writes
 DEFAULT_NAME = "_shardflow"  # the run directory beside a job's outputs
 SCRATCH_PREFIX = DEFAULT_NAME + "-limit-"  # a job's trial runs (--limit): `_shardflow-limit-<job>`
 
@@ -60,6 +66,11 @@ def done_file(task_id: int) -> str:
 
 def failed_file(task_id: int) -> str:
     return f"{FAILED}/{task_name(task_id)}.json"
+
+
+def lease_taken_file(digest: str) -> str:
+    """The marker a driver creates (O_EXCL) to take over the lease whose bytes hash to `digest`."""
+    return f"{LEASE}.taken-{digest}"
 
 
 def errors_file(task_id: int) -> str:

@@ -46,6 +46,15 @@ def plan_fingerprint(tasks: Iterable[Task | dict[str, Any]], settings: dict[str,
     return digest.hexdigest()
 
 
+def same_table(stored: dict[str, Any] | None, table: dict[str, Any] | None, settings: dict[str, Any]) -> bool:
+    """Whether a stored plan holds exactly this task table and these settings (as written down): then its
+    fingerprint is this plan's, and a no-op resume of a million-task table need not hash every task."""
+    if stored is None or table is None or stored.get("table") is None:
+        return False
+    written = json.loads(json.dumps(redact_urls_deep({"table": table, "settings": settings})))
+    return stored["table"] == written["table"] and stored.get("settings") == written["settings"]
+
+
 def plan_tasks(plan: dict[str, Any]) -> Iterable[Task | dict[str, Any]]:
     """The tasks of a plan about to be stored: its "tasks", or made one at a time from its "table"."""
     if "tasks" in plan:

@@ -11,12 +11,24 @@ import json
 from typing import Any, Iterable, Iterator
 
 from shardflow.errors import JobError, ShardIOError
-from shardflow.rundir.layout import OWN_FOLDERS, PLAN, SUMMARIES, SUMMARY, done_file, errors_file, failed_file
+from shardflow.rundir.layout import (
+    LAST_RUN,
+    OWN_FOLDERS,
+    PLAN,
+    RECORDS,
+    RUNNING,
+    SUMMARIES,
+    SUMMARY,
+    done_file,
+    errors_file,
+    failed_file,
+)
 from shardflow.rundir.listing import (
     TEMP_TAG,
     KnownNames,
     cat_options,
     list_folder,
+    list_task_folder,
     read_files,
     remove_own_temps,
 )
@@ -35,7 +47,7 @@ from shardflow.rundir.tasks import Task, TaskResult
 from shardflow.storage.atomic import write_local_atomic
 from shardflow.storage.options import redact_urls_deep
 from shardflow.storage.paths import filesystem, is_local
-from shardflow.storage.retrying_fs import RetryingFileSystem
+from shardflow.storage.retrying_fs import RetryingFileSystem, run_dir_retry
 
 
 def _plan_difference(old: dict[str, Any], new: dict[str, Any]) -> str:
@@ -62,13 +74,14 @@ def _plan_difference(old: dict[str, Any], new: dict[str, Any]) -> str:
 class RunDir:
     """Reads and writes the files of one run directory."""
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None, *,
+                 retry_budget: float | None = None) -> None:
         self.url = url.rstrip("/")
         self.storage_options = storage_options
         self.fs, self.path = filesystem(self.url, storage_options)
         self._local = is_local(self.url)
-        if not self._local:  # the same retry policy as shard I/O; "lost the store, rerun" past it
-            self.fs = RetryingFileSystem(self.fs, self.url)
+        if not self._local:  # retried per outage, up to the retry budget; "lost the store, rerun" past it
+            self.fs = RetryingFileSystem(self.fs, self.url, run_dir_retry(retry_budget))
         self._known = None if self._local else KnownNames(self.list_names)  # local deletes cost no request
 
     def __getstate__(self) -> dict[str, Any]:
@@ -118,11 +131,15 @@ class RunDir:
         if self._known is None or self._known.may_exist(name):
             self.remove(name)
 
-    def list_names(self, folder: str) -> list[str]:
-        """Base names in `folder`: one (paginated) listing, empty when it does not exist.
+    def list_names(self, folder: str, *, tasks: int | None = None) -> list[str]:
+        """Base names in `folder`: one (paginated) listing, empty when it does not exist. With `tasks`
+        (a folder of about one name per task: done/, records/), object stores list 1,000 ids a request,
+        concurrently.
 
         The listing is not kept in the filesystem's cache: s3fs scans a cached listing linearly before
         each later read of a file in it, so N markers read after listing cost O(N^2)."""
+        if tasks is not None:
+            return list_task_folder(self.fs, self._path(folder), local=self._local, tasks=tasks)
         return list_folder(self.fs, self._path(folder), local=self._local)
 
     def read_many(self, names: list[str], *, parse: bool = True) -> list[Any]:
@@ -130,13 +147,23 @@ class RunDir:
         return read_files(self.fs, [self._path(n) for n in names], local=self._local, parse=parse)
 
     # -- plan ----------------------------------------------------------------------------------
-    def init_plan(self, plan: dict[str, Any], *, force: bool = False) -> None:
-        """Write the plan once; refuse a different plan unless forced (then start over). plan["tasks"]: Task
-        objects (what prepare() passes: no second copy of a million tasks as dicts) or their JSON; or, instead
-        of "tasks", "table": the TaskTable data (job.lazy_plan), from which tasks are made one at a time."""
-        fingerprint = plan_fingerprint(plan_tasks(plan), plan.get("settings"))
-        if self.exists(PLAN):
-            old = self.read_json(PLAN)
+    def stored_plan(self) -> dict[str, Any] | None:
+        """plan.json as stored (None when there is none yet): one request."""
+        try:
+            return self.read_json(PLAN)
+        except FileNotFoundError:
+            return None
+
+    def init_plan(self, plan: dict[str, Any], *, force: bool = False, fingerprint: str | None = None,
+                  stored: Any = ...) -> None:
+        """Write the plan once; refuse a different plan unless told to start over (`force`: what `redo`
+        passes). plan["tasks"]: Task objects (what prepare() passes: no second copy of a million tasks as
+        dicts) or their JSON; or, instead of "tasks", "table": the TaskTable data (job.lazy_plan), from which
+        tasks are made one at a time. `fingerprint`, `stored`: already computed / read by the caller."""
+        if fingerprint is None:
+            fingerprint = plan_fingerprint(plan_tasks(plan), plan.get("settings"))
+        old = self.stored_plan() if stored is ... else stored
+        if old is not None:
             if old.get("fingerprint") == fingerprint:
                 return
             if not force:
@@ -144,7 +171,7 @@ class RunDir:
                 plan = {**plan, "tasks": [as_json(t) for t in plan_tasks(plan)]}
                 raise JobError(
                     f"run directory {self.url} holds a different plan ({_plan_difference(old, plan)}); "
-                    "use another run_dir, or force=True (--force) to discard its progress and start over"
+                    "use another run_dir, or --redo (redo=True) to discard its progress and start over"
                 )
             self.reset()
         store_plan(self, plan, fingerprint)  # plan.json (+ plan/chunk-*.json when names follow no numbering)
@@ -166,10 +193,11 @@ class RunDir:
 
     def reset(self) -> None:
         """Forget all progress (markers, failures, error logs, summaries)."""
-        for folder in ("done", "failed", "errors", SUMMARIES, "plan"):
+        for folder in ("done", "failed", "errors", SUMMARIES, "plan", RECORDS, RUNNING):
             for name in self.list_names(folder):
                 self.remove(f"{folder}/{name}")
         self.remove(SUMMARY)
+        self.remove(LAST_RUN)
 
     def load_plan(self) -> dict[str, Any]:
         try:
@@ -178,16 +206,17 @@ class RunDir:
             raise JobError(f"no plan.json in run directory {self.url}: plan or run the job first") from exc
 
     # -- task state ----------------------------------------------------------------------------
-    def done_ids(self) -> set[int]:
+    def done_ids(self, tasks: int | None = None) -> set[int]:
         """Ids of the done tasks. When the per-chunk summaries cover the whole plan, their names say it
         (one short listing, no listing of done/: at 100k tasks on S3 that is 100 pages of XML to parse);
         otherwise one listing of done/."""
         covered = summary_ranges(self.list_names(SUMMARIES))
-        if covered and self.exists(PLAN):
+        if covered and tasks is None and self.exists(PLAN):
             tasks = task_count(self.read_json(PLAN))
+        if covered and tasks is not None:
             if sum(stop - first for first, stop in covered if stop <= tasks) == tasks:
                 return set(range(tasks))
-        return {int(n.split(".")[0]) for n in self.list_names("done") if n.endswith(".json")}
+        return {int(n.split(".")[0]) for n in self.list_names("done", tasks=tasks) if n.endswith(".json")}
 
     def failed_ids(self) -> set[int]:
         return {int(n.split(".")[0]) for n in self.list_names("failed") if n.endswith(".json")}

@@ -74,6 +74,11 @@ class BackgroundCommitter(Generic[R]):
                     self._busy -= 1
                     cond.notify_all()
 
+    @property
+    def started(self) -> bool:
+        """Whether a writer was ever submitted (its thread started)."""
+        return self._thread is not None
+
     def has_news(self) -> bool:
         """Whether receipts or an error wait to be handed over (a cheap check, without the lock)."""
         return bool(self._done) or self._error is not None

@@ -12,15 +12,27 @@ from shardflow.errors import ShardIOError
 
 @dataclass(frozen=True)
 class ShardInfo:
-    """Receipt of a committed shard."""
+    """Receipt of a committed shard. `sha256` holds the hex digest by `checksum`: sha256 unless the
+    writer was given another (shards.checksums); in JSON the digest sits under the checksum's name,
+    so a receipt of the default is `{"url", "nsamples", "nbytes", "sha256"}` as it always was."""
 
     url: str
     nsamples: int
     nbytes: int
     sha256: str
+    checksum: str = "sha256"
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        checksum = data.pop("checksum")
+        if checksum != "sha256":
+            data[checksum or "checksum"] = data.pop("sha256")
+        return data
+
+    @property
+    def digest(self) -> str:
+        """The hex digest, whatever the checksum (`checksum` names it)."""
+        return self.sha256
 
 
 class OneShard:
@@ -58,7 +70,8 @@ class OneShard:
         self.closed = True
         if self._atomic is not None:
             self._atomic.commit()  # aborts and raises ShardIOError itself when it fails
-        return ShardInfo(self.url, self.nsamples, self._sink.nbytes, self._sink.hexdigest())
+        return ShardInfo(self.url, self.nsamples, self._sink.nbytes, self._sink.hexdigest(),
+                         self._sink.checksum or "sha256")
 
     def close(self) -> ShardInfo:
         raise NotImplementedError

@@ -56,7 +56,8 @@ class RecordWriter(OneShard):
         skip = len(key) + 1
         sample: Sample = {"__key__": key}
         for name, data in members:
-            sample[name[skip:]] = data  # members of one sample: f"{key}.{ext}" (sample_members)
+            # members of one sample: f"{key}.{ext}" (sample_members); a record holds a file whole
+            sample[name[skip:]] = data if isinstance(data, bytes) else bytes(data)
         return encode_record(sample, self.fmt)  # type: ignore[arg-type]
 
     def sample_size(self, members: list[tuple[str, bytes]]) -> int:

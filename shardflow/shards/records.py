@@ -74,7 +74,38 @@ def value_bytes(value: Any) -> bytes:
         return bytes(value)
     if isinstance(value, str):
         return value.encode()
-    return repr(value).encode()
+    try:
+        return repr(value).encode()
+    except ValueError:  # an int of more than sys.get_int_max_str_digits() digits (a CBOR bignum): hex is exact
+        if isinstance(value, int):
+            return hex(value).encode()
+        return f"<{type(value).__name__} holding an integer too long to print in decimal>".encode()
+
+
+def member_sizes(sample: Sample) -> tuple[dict[str, int], dict[str, str]]:
+    """(ext -> bytes, ext -> type name of each native value) of a sample, for listings: a record
+    stream stores ints, floats, lists as they are; their size is that of the text `value_bytes` gives."""
+    sizes, natives = {}, {}
+    for ext, value in sample.items():
+        if ext.startswith("__"):
+            continue
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            natives[ext] = type(value).__name__
+        sizes[ext] = len(value_bytes(value))
+    return sizes, natives
+
+
+def _brief(value: Any) -> str:
+    """A short repr of a data value for a message: never the whole of a long one, never an error
+    (repr of an int over 4,300 digits raises ValueError: that failed the shard without a name)."""
+    if isinstance(value, int) and value.bit_length() > 256:
+        return f"<int of {value.bit_length()} bits>"
+    try:
+        plain = isinstance(value, (str, bytes, int, float, bool, type(None)))
+        text = repr(value) if plain else f"<{type(value).__name__}>"
+    except ValueError:
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 class _CountingRaw(io.RawIOBase):
@@ -163,11 +194,11 @@ def _to_sample(item: Any, index: int, offset: int, url: str, fields: Sequence[st
         raise SampleError(f"item {index} is a {type(item).__name__}, not a map of a sample", url=url, offset=offset)
     key = item.get("__key__", f"{index:09d}")
     if not isinstance(key, str) or not key:
-        raise SampleError(f"item {index} has a bad __key__ {key!r}", url=url, offset=offset)
+        raise SampleError(f"item {index} has a bad __key__ {_brief(key)}", url=url, offset=offset)
     sample: Sample = {"__key__": key, "__url__": url}
     for name, value in item.items():
         if not isinstance(name, str) or not name:
-            raise SampleError(f"item {index} has a bad entry name {name!r}", url=url, key=key, offset=offset)
+            raise SampleError(f"item {index} has a bad entry name {_brief(name)}", url=url, key=key, offset=offset)
         if not name.startswith("__"):
             sample[name.lower()] = value
     return sample

@@ -17,6 +17,7 @@ from shardflow.shards.records import read_records, record_format
 from shardflow.shards.sample_recover import DamageGuard
 from shardflow.shards.tar_read import Member, iter_members
 from shardflow.shards.tar_recover import Corruption
+from shardflow.storage.file_value import FileValue
 
 ErrorSink = Callable[[ShardflowError], None]
 
@@ -38,6 +39,10 @@ def iter_samples(members: Iterable[Member | Corruption], url: str = "", *, on_er
     guard = DamageGuard(url, nested)
     seen: dict[str, int] = {}  # key -> offset of its first member
     current: Sample | None = None
+    # The sample before `current`, held back until a sound header follows the first member of
+    # `current`: that member's header may be a displaced one standing where a member of the held
+    # sample was (two headers swapped), which only the damage after it shows.
+    held: Sample | None = None
     skipping: str | None = None  # a key whose members are being left out
     it = iter(members)
     while True:
@@ -46,6 +51,11 @@ def iter_samples(members: Iterable[Member | Corruption], url: str = "", *, on_er
         except StopIteration:
             break
         except ShardflowError as exc:
+            if held is not None and _is_cut(exc):
+                yield held  # a cut stream, not damage: the sample before the cut one is whole
+            elif held is not None and on_error != RAISE:
+                guard.held_back(held, exc.offset)
+            held = None
             if current is not None and _ended_before(exc, current["__key__"]):
                 yield current  # the member cut belongs to another sample: the one in progress is whole
                 current = None
@@ -53,7 +63,12 @@ def iter_samples(members: Iterable[Member | Corruption], url: str = "", *, on_er
                 nested(SampleError("sample left out: the shard ends inside it", url=url, key=current["__key__"]))
             raise _located(exc, current) from exc.__cause__
         if isinstance(member, Corruption):
-            lost = guard.damaged(member, current)
+            lost = guard.damaged(member, current, seen)
+            if held is not None and member.key is not None:
+                yield held  # one member of a sample lost, its header sound: the framing before it held
+            elif held is not None:
+                guard.held_back(held, member.error.offset)
+            held = None
             if lost is None and member.key is not None and current is not None:
                 yield current  # one member of the next sample was lost: the current one is whole
             current, skipping = None, lost
@@ -61,11 +76,22 @@ def iter_samples(members: Iterable[Member | Corruption], url: str = "", *, on_er
                 seen.setdefault(lost, member.error.offset or 0)
             continue
         key, ext = split_name(member.name)
+        keyless = not ext or not key or key[-1] == "/"
+        if held is not None and not keyless:  # a sound header followed the first member of `current`
+            yield held
+            held = None
         if guard.active and guard.leave_out(member, key):
             seen.setdefault(key, member.offset)
             continue
-        if not ext or not key or key[-1] == "/":
+        if keyless:
             problem(_keyless(member, key, ext, url))
+            if guard.orphan(member, current, held):  # a stand-in name: the samples next to it are left out
+                skipping, current = (None, None) if current is None else (current["__key__"], None)
+                if skipping is not None:
+                    seen.setdefault(skipping, member.offset)
+            elif held is not None:
+                yield held
+            held = None
             continue
         if current is not None and key == current["__key__"]:
             if ext in current:
@@ -75,9 +101,18 @@ def iter_samples(members: Iterable[Member | Corruption], url: str = "", *, on_er
             continue
         if key == skipping:
             continue
-        if current is not None:
-            yield current
+        if current is not None and guard.renamed(key, current, member.offset):  # both samples left out
+            current, skipping = None, key
+            seen.setdefault(key, member.offset)
+            continue
+        held = current
+        if guard.displaced(key):
+            current, skipping = None, key
+            seen.setdefault(key, member.offset)
+            continue
         current, skipping = _start(member, key, ext, url, seen, nested)
+    if held is not None:
+        yield held
     if current is not None:
         yield current
 
@@ -102,6 +137,12 @@ def _keyless(member: Member, key: str, ext: str, url: str) -> SampleError:
                            url=url, key=key, offset=member.offset)
     return SampleError(f"member {member.name!r} is a hidden file (its name starts with '.'), so it has no sample key",
                        url=url, key=key or None, offset=member.offset)
+
+
+def _is_cut(exc: ShardflowError) -> bool:
+    """Whether `exc` is a stream cut short at a header or inside a member (not damage): then what
+    was read before the cut is sound."""
+    return hasattr(exc, "next_key") or hasattr(exc, "next_name")
 
 
 def _ended_before(exc: ShardflowError, key: str) -> bool:
@@ -179,6 +220,9 @@ def sample_members(sample: Sample) -> list[tuple[str, bytes]]:
             raise SampleError(
                 f"extension {ext!r} is not lower-case: it would read back as {ext.lower()!r}", key=key
             )
+        if isinstance(value, FileValue):  # a file streamed by the tar writer (storage.file_value)
+            members.append((f"{key}.{ext}", value))  # type: ignore[arg-type]
+            continue
         if not isinstance(value, (bytes, bytearray, memoryview)):
             raise SampleError(f"value for {ext!r} is {type(value).__name__}, not bytes (encode it first)", key=key)
         members.append((f"{key}.{ext}", bytes(value)))

@@ -88,13 +88,30 @@ def member_name(header: bytes, long_name: str | None, pax: dict[str, str]) -> st
     return pax.get("path") or long_name or header_name(header)
 
 
-def truncated_header(header: bytes, offset: int, url: str) -> FormatError:
+def stands_in(stand_in: str, name: str) -> bool:
+    """Whether a header's own name `stand_in` can be what a writer put there for a member whose real
+    `name` a pax or GNU long-name record holds: the name itself, a truncation of it (a character
+    may be cut in two at the end; tarfile writes '?' for each non-ASCII character), a truncation up
+    to '...' (libarchive shortens the middle), '@LongName' (shardflow), or empty. Anything else is
+    another member's header displaced after the record (two blocks swapped)."""
+    if stand_in == name or not stand_in or stand_in == "@LongName":
+        return True
+    head = stand_in.partition("...")[0] if "..." in stand_in else stand_in[:-1]
+    if len(head) > len(name):
+        return False
+    return all(a == b or a == "?" for a, b in zip(head, name))
+
+
+def truncated_header(header: bytes, offset: int, url: str, carried: str | None = None) -> FormatError:
     """The error for a header block cut short at `offset` (an empty file, a non-tar, a truncation).
 
-    When the cut header is a regular file's and its name field was read whole, the error carries it
-    as `next_name` and names its key (the ustar prefix may be cut off: only the basename is sure), so
-    sample grouping can tell that the sample in progress ended before the cut (tar_read sets
-    `next_key` likewise for a member cut inside its data)."""
+    When the cut header is a regular file's and its name is known, the error names its key, so
+    sample grouping can tell whether the sample in progress ended before the cut (tar_read sets
+    `next_key` likewise for a member cut inside its data). The name is known from `carried` (the
+    pax path or GNU long name read whole before the header: exact, set as `next_key`), else from the
+    header's name field when it was read whole (`next_name`; the ustar prefix may be cut off: only
+    the basename is sure). With a carried name the header's own name is a stand-in (a truncated or
+    '?'-encoded copy that ustar can hold) and is never used."""
     if offset == 0:
         reason = "empty file, not a tar archive" if not header else (
             f"not a tar archive (only {len(header)} bytes, a tar header needs {BLOCK})"
@@ -103,8 +120,14 @@ def truncated_header(header: bytes, offset: int, url: str) -> FormatError:
         reason = "truncated tar: stream ended without the end-of-archive marker"
     else:
         reason = f"truncated tar: header needs {BLOCK} bytes, got {len(header)}"
+    regular = len(header) > 156 and header[156:157] in REGULAR
+    if carried is not None:
+        key = split_name(carried)[0] if regular else None
+        error = FormatError(reason, url=url, key=key, offset=offset)
+        error.next_key = key  # type: ignore[attr-defined]
+        return error
     name = None
-    if len(header) > 156 and header[156:157] in REGULAR and b"\0" in header[:100]:
+    if regular and b"\0" in header[:100]:
         name = header_name(header) if len(header) >= 500 else cstring(header[:100]).decode("utf-8", "surrogateescape")
     error = FormatError(reason, url=url, key=None if name is None else split_name(name)[0], offset=offset)
     error.next_name = name  # type: ignore[attr-defined]

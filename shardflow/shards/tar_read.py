@@ -27,6 +27,7 @@ from shardflow.shards.tar_headers import (
     member_name,
     parse_number,
     pax_records,
+    stands_in,
     truncated_header,
 )
 from shardflow.shards.tar_recover import Corruption, Resync
@@ -59,9 +60,9 @@ def iter_members(stream: BinaryIO, url: str = "", *, resync: bool = False) -> It
         offset = blocks.offset
         header = take(BLOCK)
         if len(header) < BLOCK:
-            raise blocks.cut(truncated_header(header, offset, url))
+            raise blocks.cut(truncated_header(header, offset, url, pax.get("path") or long_name))
         if header == ZERO_BLOCK or not checksum_ok(header):
-            more = yield from _not_a_header(recovery, blocks, header, long_name is None and not pax, url, offset)
+            more = yield from _not_a_header(recovery, blocks, header, (long_name, pax), url, offset)
             if not more:
                 return
             long_name, pax = None, _NO_PAX
@@ -83,18 +84,33 @@ def iter_members(stream: BinaryIO, url: str = "", *, resync: bool = False) -> It
                                                typeflag))
         tail = size % BLOCK or BLOCK  # the bytes of data in its last block
         if blocks.bad_padding or (size and tail > 155 and 48 <= data[size - tail + 153] <= 55
-                                  and _ends_with_header(data, size)):
-            if not (yield from recovery.skip(_size_lies(blocks, header, (long_name, pax), offset, url))):
+                                  and _ends_with_header(data, size)) or (size > BLOCK
+                                                                         and _holds_header(data, size - tail)):
+            error = _size_lies(blocks, header, (long_name, pax), offset, url)
+            if not (yield from recovery.skip(error, _suspects(header, (long_name, pax), data))):
                 return
             long_name, pax = None, _NO_PAX
             continue
         if typeflag in REGULAR:
             if long_name is None and not pax:
+                if recovery.hit and _stand_in_like(header):  # its pax or long-name record may be lost
+                    error = FormatError(f"member {header_name(header)!r} after damage has a name that may stand in "
+                                        "for a longer one lost with its pax or long-name record: its sample is unknown",
+                                        url=url, offset=offset)
+                    if not (yield from recovery.skip(error)):
+                        return
+                    continue
                 yield Member(header_name(header), data, offset)
                 continue
             name = pax.get("path") or long_name or header_name(header)
             if pax and is_pax_sparse(pax):
                 yield from _pax_sparse(recovery, pax, name, data, url, offset)
+            elif not stands_in(header_name(header), name):  # the header is not the one the record was for
+                long_name, pax = None, _NO_PAX
+                error = _not_its_header(header, name, url, offset)
+                if not (yield from recovery.skip(error, (split_name(name)[0], split_name(header_name(header))[0]))):
+                    return
+                continue
             else:
                 yield Member(name, data, offset)
             long_name, pax = None, _NO_PAX
@@ -102,13 +118,17 @@ def iter_members(stream: BinaryIO, url: str = "", *, resync: bool = False) -> It
             try:
                 long_name, pax = _metadata(typeflag, data, (long_name, pax), url, offset)
             except FormatError as error:
+                suspects = _carried_keys((long_name, pax))
                 long_name, pax = None, _NO_PAX
-                if not (yield from recovery.skip(error)):
+                if recovery.resync:
+                    _metadata_run(blocks)  # the rest of a run of them is the same damage: one report
+                if not (yield from recovery.skip(error, suspects)):
                     return
         else:
             long_name, pax = None, _NO_PAX
 
 
+_END_MARKER = bytes(2 * BLOCK)
 _NO_PAX: dict[str, str] = {}  # shared, never changed: pax_records makes a new dict for each pax header
 
 # Entries that describe the next member rather than being one: GNU long name (L) and long link name
@@ -126,6 +146,38 @@ def _ends_with_header(data: bytes, size: int) -> bool:
     return checksum_ok(block + bytes(BLOCK - len(block)))
 
 
+def _stand_in_like(header: bytes) -> bool:
+    """Whether a header's own name may be a writer's stand-in for a longer or non-ASCII name held by
+    a pax or GNU long-name record: a full name field (a truncation), '@LongName' (shardflow), '?'
+    (tarfile's stand-in for each non-ASCII character)."""
+    field = header[:100]
+    return field[99] != 0 or field.startswith(b"@LongName\0") or b"?" in cstring(field)
+
+
+def _holds_header(data: bytes, end: int) -> bool:
+    """Whether a block of the member's data before `end` (its last block) is a ustar/GNU tar header:
+    a header displaced into the data (two blocks traded places), or members swallowed by a size
+    that lies. Only the magic at byte 257 of each block is looked at first (one strided slice: cheap);
+    data that is itself a tar (a member that is a .tar: a header in its first block and the two zero
+    blocks of an end marker at its end) is exempt."""
+    marks = data[257:end:BLOCK]
+    found = marks.find(b"u")
+    if found < 0 or (data[257:262] == b"ustar" and data.endswith(_END_MARKER) and checksum_ok(data[:BLOCK])):
+        return False
+    while found >= 0:
+        start = found * BLOCK
+        if data[start + 257 : start + 262] == b"ustar" and checksum_ok(data[start : start + BLOCK]):
+            return True
+        found = marks.find(b"u", found + 1)
+    return False
+
+
+def _not_its_header(header: bytes, name: str, url: str, offset: int) -> FormatError:
+    return FormatError(f"member {name!r} (named by a pax or long-name record) has a header named "
+                       f"{header_name(header)!r}, which no writer puts there for it: a header displaced onto it",
+                       url=url, offset=offset)
+
+
 def _size_lies(blocks: Blocks, header: bytes, carried: Carried, offset: int, url: str) -> FormatError:
     blocks.bad_padding = False
     name = member_name(header, *carried)
@@ -133,25 +185,83 @@ def _size_lies(blocks: Blocks, header: bytes, carried: Carried, offset: int, url
                        "or a tar header inside it): the header or the stream is damaged", url=url, offset=offset)
 
 
-def _not_a_header(recovery: Resync, blocks: Blocks, header: bytes, bare: bool, url: str, offset: int
+def _not_a_header(recovery: Resync, blocks: Blocks, header: bytes, carried: Carried, url: str, offset: int
                   ) -> Generator[Corruption, None, bool]:
-    """A zero block or a bad checksum where a header belongs; `bare`: no pax or long-name header
-    came before it. False when the archive ends here."""
+    """A zero block or a bad checksum where a header belongs, after the `carried` pax or long-name
+    records (whose member lost its header: a suspect). False when the archive ends here."""
+    suspects = _carried_keys(carried)
     if header == ZERO_BLOCK:
-        if bare:
+        if carried[0] is None and not carried[1]:
             return (yield from recovery.zero_block(offset))
         error = FormatError("a pax or long-name header not followed by its member", url=url, offset=offset)
-        return (yield from recovery.skip(error))
+        return (yield from recovery.skip(error, suspects))
     if offset == 0 and header[257:262] != b"ustar":
         raise _not_tar(blocks, url)
-    return (yield from recovery.skip(FormatError("bad tar header checksum", url=url, offset=offset)))
+    return (yield from recovery.skip(FormatError("bad tar header checksum", url=url, offset=offset), suspects))
+
+
+def _metadata_run(blocks: Blocks) -> None:
+    """Read past the pax / long-name headers that follow a malformed or repeated one (5,000 chained GNU
+    `L` headers gave 2,500 reports, one per pair): the members they described are lost with it. Stops
+    before the first block that is not such a header (or one with a bad size); at most 1 MiB of records
+    each, which bounds memory as the main loop does."""
+    while True:
+        header = blocks.take(BLOCK)
+        if len(header) < BLOCK or header[156:157] not in _METADATA or not checksum_ok(header):
+            blocks.push_back(header)
+            return
+        try:
+            size = parse_number(header[124:136])
+        except ValueError:
+            size = -1
+        if not 0 <= size <= _MAX_RECORDS:
+            blocks.push_back(header)
+            return
+        if len(blocks.take(size, -size % BLOCK)) < size:
+            return  # the stream ends here: the skip that follows reports it
+
+
+_MAX_RECORDS = 1 << 20
+
+
+def _carried_keys(carried: Carried) -> tuple[str, ...]:
+    """The key named by pax or long-name records whose member is lost with damage (none: ())."""
+    name = carried[1].get("path") or carried[0]
+    return (split_name(name)[0],) if name else ()
+
+
+def _suspects(header: bytes, carried: Carried, data: bytes) -> tuple[str, ...]:
+    """Keys of sound headers in a region whose framing broke: the header whose size lies, and every
+    header found at a block boundary of the data it claimed (displaced headers, or the members a
+    size too large swallowed). Only ever read on damage: the plain path never looks inside data."""
+    keys = [split_name(member_name(header, *carried))[0]] if header[156:157] in REGULAR else []
+    for start in range(0, len(data), BLOCK):
+        block = data[start : start + BLOCK]
+        if len(block) < 156 or not block[148:154].strip(b" ").isdigit():
+            continue
+        block += bytes(BLOCK - len(block))
+        if not checksum_ok(block):
+            continue
+        name = header_name(block)
+        if block[156:157] == b"x":  # a pax header: the path is in its records
+            try:
+                records = data[start + BLOCK : start + BLOCK + max(0, parse_number(block[124:136]))]
+                name = pax_records(records, "", 0).get("path") or ""
+            except (FormatError, ValueError):
+                name = ""
+        elif block[156:157] == b"L":
+            name = cstring(data[start + BLOCK : start + 2 * BLOCK]).decode("utf-8", "surrogateescape")
+        if name:
+            keys.append(split_name(name)[0])
+    return tuple(dict.fromkeys(keys))
 
 
 def _rare(recovery: Resync, blocks: Blocks, header: bytes, size: int, carried: Carried, offset: int,
           url: str) -> Generator[Member | Corruption, None, bool]:
     """A bad size field (damage; `size` < 0) or an old-GNU sparse member; False when the stream ended."""
     if size < 0:
-        return (yield from recovery.skip(FormatError("bad size field in tar header", url=url, offset=offset)))
+        error = FormatError("bad size field in tar header", url=url, offset=offset)
+        return (yield from recovery.skip(error, (split_name(member_name(header, *carried))[0],)))
     name = member_name(header, *carried)
     extensions: list[bytes] = []
     more_blocks = gnu_extended(header[482:483])

@@ -17,6 +17,11 @@ Kept apart from the plain reading path so every rule about damage lives here. Th
   (`end`), so the samples it may have hidden can be accounted for; `key` is set only when the
   damage is confined to one member whose header was sound (a sparse member that cannot be rebuilt):
   then only that member's sample is affected.
+- A damaged region may hold headers whose checksum is right but whose place is wrong (a header
+  displaced by two blocks that traded places, a size that lies, a pax record not followed by its
+  member): their names are the only ones in the region that can be trusted, as names. They go out
+  as `suspects`: keys of samples that lost (or may have lost) a member to the damage wherever they
+  show up later in the shard (sample_recover leaves those samples out).
 """
 
 from __future__ import annotations
@@ -39,12 +44,14 @@ class Corruption:
 
     `end`: the offset where reading resumed (None when the stream ended inside the damage).
     `key`: set when only the member with this key was lost (its header was sound); else the damage
-    may have hidden any number of members, whose names are unknown.
+    may have hidden any number of members, whose names are unknown but for `suspects`: the keys of
+    sound headers found out of place in the region (a sample of such a key met later lacks a member).
     """
 
     error: FormatError
     end: int | None = None
     key: str | None = None
+    suspects: tuple[str, ...] = ()
 
 
 class Resync:
@@ -54,6 +61,7 @@ class Resync:
         self._blocks = blocks
         self._url = url
         self.resync = resync
+        self.hit = False  # damage was skipped: reading went on after a damaged region
 
     def member_lost(self, error: FormatError, key: str) -> Generator[Corruption, None, None]:
         """A member read whole but unusable (its header was sound): raise, or report its key."""
@@ -61,10 +69,11 @@ class Resync:
             raise error
         yield Corruption(error.with_location(key=key), self._blocks.offset, key)  # type: ignore[arg-type]
 
-    def skip(self, error: FormatError) -> Generator[Corruption, None, bool]:
+    def skip(self, error: FormatError, suspects: tuple[str, ...] = ()) -> Generator[Corruption, None, bool]:
         """Damage at `error.offset`: raise it, or read on to the next valid header (left to be read
-        next) and report the region once. False when the stream ended there after zero blocks (a
-        clean end); a stream that ends otherwise inside the damage raises the truncation."""
+        next) and report the region once (with the `suspects` keys, see Corruption). False when the
+        stream ended there after zero blocks (a clean end); a stream that ends otherwise inside the
+        damage raises the truncation."""
         if not self.resync:
             raise error
         blocks = self._blocks
@@ -73,7 +82,7 @@ class Resync:
             offset = blocks.offset
             header = blocks.take(BLOCK)
             if len(header) < BLOCK:
-                yield Corruption(_region(error, None))
+                yield Corruption(_region(error, None), suspects=suspects)
                 if zeros and not header:
                     blocks.check()
                     return False
@@ -84,7 +93,8 @@ class Resync:
             zeros = False
             if checksum_ok(header):
                 blocks.push_back(header)
-                yield Corruption(_region(error, offset), offset)
+                self.hit = True
+                yield Corruption(_region(error, offset), offset, suspects=suspects)
                 return True
 
     def zero_block(self, offset: int) -> Generator[Corruption, None, bool]:

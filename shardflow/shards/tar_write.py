@@ -3,7 +3,8 @@
 the gzip stage for .tar.gz names (deterministic too: no timestamp in the gzip header).
 
 Members are gathered by reference and handed on in batches of about 1 MiB, so a shard of small
-samples costs few large writes and no copies of large members (256 KiB and up). Smaller ones are
+samples costs few large writes and no copies of large members (256 KiB and up; a storage.file_value.FileValue
+member, a file, is read and handed on in 1 MiB chunks, never whole). Smaller ones are
 joined into one piece per run: the sink's hashing thread takes the GIL back after every piece it
 hashes, and while the main thread runs Python that wait is up to the 5 ms switch interval; with 60 KB
 members (~17 pieces a batch) the hashing thread spent half its time waiting (0.33 s wall for 0.16 s
@@ -18,6 +19,7 @@ from typing import Any, BinaryIO, Sequence
 from zlib import adler32
 
 from shardflow.shards.tar_headers import BLOCK, ZERO_BLOCK
+from shardflow.storage.file_value import FileValue
 
 _FLUSH_AT = 1 << 20  # members are handed to the stream in batches of about this many bytes
 _BIG = 1 << 18  # pieces at least this large are passed on as they are, never copied into a batch
@@ -36,7 +38,7 @@ def coalesce(parts: list[bytes]) -> list[bytes]:
     out: list[bytes] = []
     small: list[bytes] = []
     for part in parts:
-        if len(part) >= _BIG:
+        if len(part) >= _BIG or isinstance(part, FileValue):
             if small:
                 out.append(small[0] if len(small) == 1 else b"".join(small))
                 small = []
@@ -191,12 +193,34 @@ class TarStreamWriter:
             self._pending = []
             self._pending_size = 0
             chunks = coalesce(pending)
-            write = getattr(self._out, "write_parts", None)
-            if write is not None:
-                write(chunks)
+            if any(isinstance(chunk, FileValue) for chunk in chunks):
+                self._stream(chunks)
             else:
-                for chunk in chunks:
-                    self._out.write(chunk)
+                self._write(chunks)
+
+    def _write(self, chunks: list[bytes]) -> None:
+        write = getattr(self._out, "write_parts", None)
+        if write is not None:
+            write(chunks)
+        else:
+            for chunk in chunks:
+                self._out.write(chunk)
+
+    def _stream(self, chunks: list[Any]) -> None:
+        """Hand on pieces some of which are files (FileValue): each file in chunks of about 1 MiB, so
+        memory stays bounded by the sink's bytes in flight whatever the file's size."""
+        run: list[bytes] = []
+        for chunk in chunks:
+            if not isinstance(chunk, FileValue):
+                run.append(chunk)
+                continue
+            if run:
+                self._write(run)
+                run = []
+            for piece in chunk.chunks():
+                self._write([piece])
+        if run:
+            self._write(run)
 
     def finish(self) -> None:
         """Write the end-of-archive marker (two zero blocks) and flush."""

@@ -310,6 +310,11 @@ class ShardWriter:
 
     def close(self) -> list[ShardInfo]:
         """Commit the shard in progress; returns receipts of every shard written."""
+        if self._committer is not None and self._current is not None and not self._committer.started:
+            # the last (often the only) shard: nothing to overlap its commit with, so it is committed
+            # here, without starting the committer's thread (a task of tiny shards starts none)
+            current, self._current = self._current, None
+            self._record(current.close())
         self._finish_current()
         if self._committer is not None:
             self._committer.wait()

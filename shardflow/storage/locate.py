@@ -160,9 +160,23 @@ def current_locator(rewrite: Sequence[str] | str | None = None, mirror: str | No
     """The Locator of arguments + environment + config file (see the module docstring)."""
     config = read_config()
     rules = (parse_rules(rewrite, "argument") + parse_rules(os.environ.get(ENV_REWRITE), ENV_REWRITE)
-             + parse_rules(config.get("rewrite"), config_path()))
+             + webdataset_rules() + parse_rules(config.get("rewrite"), config_path()))
     chosen = mirror or os.environ.get(ENV_MIRROR) or config.get("mirror")
     return Locator(rules, str(chosen) if chosen else None)
+
+
+WDS_REWRITE_ENV = ("WDS_REWRITE", "GOPEN_REWRITE")  # webdataset's spelling: PATTERN=REPLACEMENT;...
+
+
+def webdataset_rules() -> tuple[Rule, ...]:
+    """The rules of webdataset's variables, with their meaning: each PATTERN is a regular expression
+    matched at the start (webdataset applies `re.sub("^" + PATTERN, ...)`), after $SHARDFLOW_REWRITE."""
+    out: list[Rule] = []
+    for name in WDS_REWRITE_ENV:
+        for text in re.split(r"[;\n]", os.environ.get(name) or ""):
+            if text.strip():
+                out.append(Rule.parse(text.strip() if text.strip().startswith("^") else "^" + text.strip(), name))
+    return tuple(out)
 
 
 def set_locations(rewrite: Sequence[str] | str | None = None, mirror: str | None = None) -> None:

@@ -28,6 +28,7 @@ _O = "shardflow.storage.openers"
 _P = "shardflow.storage.pipes"
 _PUB = "shardflow.storage.publish"
 _SRC = "shardflow.storage.sources"
+_CW = "shardflow.storage.conditional"
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,10 @@ class Protocol:
     cat_in_one_request: bool = False
     # '::' in its URLs is an fsspec chain; False where it belongs to a file name or a command
     chained: bool = True
+    # conditional writes (storage.conditional): (put_if, version_of) as "module:attr" strings, put_if
+    # creating a small object only if absent or only if still at the version read; None: the store has
+    # none shardflow uses (a run directory's lease there is best effort, rundir.lease)
+    conditional_put: tuple[str, str] | None = None
 
 
 DEFAULT = Protocol("*")  # any fsspec protocol without a record
@@ -80,8 +85,10 @@ PROTOCOLS: dict[str, Protocol] = {record.name: record for record in [
     *_rows(_FSSPEC, CHAINED, "blockcache", "cached", "dir", "filecache", "libarchive", "memory", "reference",
            "simplecache", "tar", "zip"),
     *_rows(DEFAULT, "http", "https", source=f"{_SRC}:HTTPSource", source_needs="encode_url"),
-    *_rows(_BIG_STORE, "s3", "s3a", source=f"{_SRC}:S3Source", source_needs="_call_s3", cat_in_one_request=True),
-    *_rows(_BIG_STORE, "gs", "gcs", source=f"{_SRC}:GCSSource", source_needs="call"),
+    *_rows(_BIG_STORE, "s3", "s3a", source=f"{_SRC}:S3Source", source_needs="_call_s3", cat_in_one_request=True,
+           conditional_put=(f"{_CW}:s3_put_if", f"{_CW}:s3_version")),
+    *_rows(_BIG_STORE, "gs", "gcs", source=f"{_SRC}:GCSSource", source_needs="call",
+           conditional_put=(f"{_CW}:gcs_put_if", f"{_CW}:gcs_version")),
     *_rows(_STREAMING, "az", "abfs", "abfss", "adl", "oci", "oss"),
 ]}
 

@@ -69,11 +69,14 @@ class SampleFailures:
         reason = error.reason if isinstance(error, ShardflowError) else f"{type(error).__name__}: {error}"
         frames = traceback.extract_tb(error.__traceback__)
         digest = hashlib.sha1("|".join(f"{f.filename}:{f.lineno}:{f.name}" for f in frames).encode()).hexdigest()[:12]
+        # no traceback at all for an error whose reason says all there is (`hide_traceback`: a shell command's
+        # failure names the command, its status and its stderr; its frames are shardflow's own)
+        hidden = bool(getattr(error, "hide_traceback", False))
         # the key and reason may hold a 5 MB name: cut (text.truncate); JSON escapes the rest
         record = {"task": self.task_id, "shard": redact_userinfo(url), "key": None if key is None else truncate(key),
                   "stage": where, "type": type(error).__name__, "reason": truncate(redact_userinfo(reason), 2000),
-                  "traceback": digest}
-        if self.traces[digest] < TRACES_PER_DIGEST:  # the full text of the first few of each distinct error
+                  "traceback": None if hidden else digest}
+        if not hidden and self.traces[digest] < TRACES_PER_DIGEST:  # the full text of the first few of each
             self.traces[digest] += 1
             record["trace"] = redact_userinfo(format_trace(error))
         self.errors.append(record)
@@ -87,8 +90,12 @@ class SampleFailures:
             bug = user_bug(self.errors, stats, self.last_error)
             if bug is not None:  # not bad input: the same bug will fail every task, so the run stops
                 raise TaskFailed(bug, FailureKind.USER)
+            # a sample can fail more than once (each output of a 1:N fn, a split key's parts): never "2 of 1"
+            counted = (f"{stats.failed} of {stats.samples_in} samples failed" if stats.failed <= stats.samples_in else
+                       f"{stats.failed} sample failures in {stats.samples_in} "
+                       f"sample{'' if stats.samples_in == 1 else 's'} read")
             raise TaskFailed(
-                f"{stats.failed} of {stats.samples_in} samples failed (more than max_failure_rate={rate}); "
+                f"{counted} (more than max_failure_rate={rate}); "
                 f"{self.most_common_error()}; every one is listed in errors/ in the run directory",
                 FailureKind.INPUT,
             )
@@ -128,6 +135,9 @@ def user_bug(errors: list[dict[str, Any]], stats: Stats, last: BaseException | N
     if {e["stage"] for e in errors} != {"process"} or len({(e["type"], e["traceback"]) for e in errors}) != 1:
         return None
     first = errors[0]
+    explain = getattr(last, "every_sample_failed", None)  # an error that words this itself (CommandFailed)
+    if callable(explain):
+        return str(explain(first, stats.failed, stats.samples_in))
     where = _user_frame(last)
     return (f"process() raised the same {first['type']} on every sample ({stats.failed} of {stats.samples_in})"
             f"{f' at {where}' if where else ''}, e.g. shard {safe(first['shard'])}, key {first['key']!r}: "

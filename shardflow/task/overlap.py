@@ -11,6 +11,7 @@ hand-off; stopping (an error, Ctrl-C) ends both threads at their next item.
 
 from __future__ import annotations
 
+import contextvars
 import os
 import queue
 import threading
@@ -33,7 +34,9 @@ class ReadAhead:
     def __init__(self, source: Iterable[Any], depth: int = 1, name: str = "shardflow-read") -> None:
         self._queue: "queue.Queue[Any]" = queue.Queue(maxsize=max(1, depth))
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(source,), name=name, daemon=True)
+        # the task's context variables (its split-key state: task/split_keys) hold in the thread too
+        self._thread = threading.Thread(target=contextvars.copy_context().run, args=(self._run, source), name=name,
+                                        daemon=True)
         self._thread.start()
 
     def _run(self, source: Iterable[Any]) -> None:
@@ -69,7 +72,8 @@ class Sink:
         self._queue: "queue.Queue[Any]" = queue.Queue(maxsize=max(1, depth))
         self._stop = threading.Event()
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread = threading.Thread(target=contextvars.copy_context().run, args=(self._run,), name=name,
+                                        daemon=True)
         self._thread.start()
 
     def _run(self) -> None:

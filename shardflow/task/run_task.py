@@ -24,9 +24,9 @@ from shardflow.errors import (
     ShardflowError,
     ShardIOError,
 )
+from shardflow.rundir.records import TaskClock
 from shardflow.rundir.stats import Stats
 from shardflow.rundir.tasks import Task, TaskResult
-from shardflow.shards.samples import read_samples
 from shardflow.shards.writer import ShardInfo, ShardWriter, remove_stale_temps
 from shardflow.storage.counting import CountingReader
 from shardflow.storage.schemes import open_read
@@ -35,6 +35,7 @@ from shardflow.task.context import TaskContext, _running
 from shardflow.task.failures import SampleFailures, TaskFailed, missing_input
 from shardflow.task.process import SampleProcessor
 from shardflow.task.seeds import job_seed
+from shardflow.task.split_keys import check_split_keys, read_samples, without_split_keys  # split keys held back
 
 Progress = Callable[[int], None]
 _PROGRESS_EVERY_S = 0.5
@@ -68,19 +69,38 @@ def _run(task: Task, context: TaskContext, progress: Progress | None) -> TaskRes
     if run_dir.is_done(task.id):
         record = run_dir.read_done(task.id)
         return TaskResult(task.id, "skipped", Stats.from_json(record["stats"]), record["outputs"])
+    clock = TaskClock(run_dir, task.id)  # running/ entry now; records/ name at the end (rundir.records)
+    try:
+        result = _attempts(task, context, progress, clock)
+    finally:
+        clock.ended()
+    if result.status == "failed":
+        clock.write_failed(result.kind)
+    return result
+
+
+def _attempts(task: Task, context: TaskContext, progress: Progress | None, clock: TaskClock) -> TaskResult:
+    """Attempt the task, retrying I/O errors with backoff; a failure recorded in failed/."""
+    run_dir = context.run_dir
     if context.spec.debug:  # no retries, nothing caught: the user's exception reaches the caller (and pdb)
         with job_seed(context.spec.seed):
-            return _attempt(task, context, progress)
+            return without_split_keys(lambda: _attempt(task, context, progress, clock),
+                                      context.options_for(task.output))
     attempt = 0
     while True:
         attempt += 1
+        clock.attempts = attempt
+        counted = _Counted(progress)  # an attempt that is retried takes its samples back off the progress
         try:
             with job_seed(context.spec.seed):
-                result = _attempt(task, context, progress)
+                told = counted if progress is not None else None
+                result = without_split_keys(lambda: _attempt(task, context, told, clock),  # noqa: B023 - called here
+                                            context.options_for(task.output), counted.take_back)
         except TaskFailed as exc:
             return run_dir.record_failure(task, str(exc), exc.kind, attempts=attempt)
         except (ShardIOError, OSError) as exc:
             if attempt <= context.spec.io_retries:
+                counted.take_back()  # the retry reads them again: counted once ("1049/~1049" otherwise)
                 time.sleep(min(context.spec.retry_backoff * 2 ** (attempt - 1), 30.0))
                 continue
             reason = str(exc) if isinstance(exc, ShardflowError) else f"{type(exc).__name__}: {exc}"
@@ -94,7 +114,7 @@ def _run(task: Task, context: TaskContext, progress: Progress | None) -> TaskRes
         return result
 
 
-def _attempt(task: Task, context: TaskContext, progress: Progress | None) -> TaskResult:
+def _attempt(task: Task, context: TaskContext, progress: Progress | None, clock: TaskClock) -> TaskResult:
     """One try at the task: stream it, then write its error log and, LAST, its completion marker."""
     started = time.perf_counter()
     stats = Stats()
@@ -105,14 +125,34 @@ def _attempt(task: Task, context: TaskContext, progress: Progress | None) -> Tas
     except TaskFailed:
         context.run_dir.write_errors(task.id, failures.errors)
         raise
+    check_split_keys(infos)  # met a split key under skip: the task runs again without it (task/split_keys)
     stats.shards_out = len(infos)
     stats.bytes_out = sum(i.nbytes for i in infos)
     stats.seconds = time.perf_counter() - started
     outputs = [i.to_json() for i in infos]
     context.run_dir.write_errors(task.id, failures.errors)
+    record = clock.write_done(stats)  # the listing-readable record, just before the marker
     context.run_dir.mark_done(task.id, {"task": task.id, "inputs": list(task.inputs), "outputs": outputs,
-                                        "stats": stats.to_json()})
+                                        "stats": stats.to_json(), "record": record})
     return TaskResult(task.id, "done", stats, outputs)
+
+
+class _Counted:
+    """The progress callback of one attempt, remembering how many samples it reported."""
+
+    def __init__(self, callback: Progress | None) -> None:
+        self.callback = callback
+        self.reported = 0
+
+    def __call__(self, count: int) -> None:
+        self.reported += count
+        if self.callback is not None:
+            self.callback(count)
+
+    def take_back(self) -> None:
+        if self.callback is not None and self.reported:
+            self.callback(-self.reported)
+        self.reported = 0
 
 
 class _ProgressBatcher:
@@ -151,7 +191,7 @@ def _stream_task(task: Task, context: TaskContext, processor: SampleProcessor | 
     remove_stale_temps(task.part_url, out_options, tag=tag)  # by name: no listing
     counter = _ProgressBatcher(progress)
     writer = ShardWriter(task.part_url, maxcount=context.spec.rollover[0], maxsize=context.spec.rollover[1],
-                         storage_options=out_options, temp_tag=tag)
+                         storage_options=out_options, temp_tag=tag, checksum=context.spec.checksum or "sha256")
     with writer:
         for url in task.inputs:
             _stream_input(url, context, processor, writer, counter)
@@ -179,7 +219,12 @@ def _stream_input(url: str, context: TaskContext, processor: SampleProcessor | B
         if batched:  # fn over batches; read and write run in threads beside it (task/batch.py)
             processor.write_all(lambda rep: islice(read_samples(counted, url, on_error=policy, report=rep),
                                                    context.spec.limit), url, writer, counter.add)
-        for sample in () if batched else arrange(samples) if arrange is not None else samples:
+        overlapped = not batched and processor.overlaps()
+        if overlapped:  # a decoding job: read + decode | fn | encode + write in threads (task/process.py)
+            left = None if context.spec.limit is None else context.spec.limit - stats.samples_in
+            processor.write_all(lambda rep: read_samples(counted, url, on_error=policy, report=rep), url, writer,
+                                counter.add, limit=left)
+        for sample in () if batched or overlapped else arrange(samples) if arrange is not None else samples:
             if context.spec.limit is not None and stats.samples_in >= context.spec.limit:
                 break  # a trial run (--limit): the task ends after its first samples
             stats.samples_in += 1

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from shardflow.errors import DEFAULT_ON_ERROR_JOB, JobError, check_on_error
+from shardflow.shards.checksums import check_checksum
 from shardflow.storage.options import redact, strip_redacted
 from shardflow.task.devices import DEVICES
 
@@ -60,7 +61,9 @@ class JobSpec:
 
     inputs: Any = _setting(None, LOCATION, "input shards: a brace pattern, glob, URL list or dataset spec")
     outputs: Any = _setting(None, LOCATION, "output shards: one per task, or a pattern with {task}, {name}, {part}")
-    decode: str | None = _setting(None, SHAPE, "what fn receives for image members (None: raw bytes)")
+    decode: str | None = _setting(None, SHAPE, "what fn receives for image members; any value also decodes "
+                                  "the other members by extension (json, cls/txt, npy, ...); None: every member "
+                                  "as raw bytes")
     encode: dict[str, Any] = _setting(None, SHAPE, "Encoder options (png_compress_level, jpeg_quality, ...)",
                                       factory=dict)
     on_error: str = _setting(DEFAULT_ON_ERROR_JOB, POLICY, "a bad sample: raise, skip (logged) or warn")
@@ -73,6 +76,9 @@ class JobSpec:
     max_failure_rate: float = _setting(0.5, POLICY, "a task fails when more of its samples fail than this")
     io_retries: int = _setting(3, POLICY, "retries of a task's storage errors")
     retry_backoff: float = _setting(1.0, POLICY, "seconds before the first retry (doubling)")
+    retry_budget: float | None = _setting(None, POLICY, "seconds the run directory's store may stay unreachable "
+                                          "before the run stops with 'lost the store' (default 120)",
+                                          when="retry_budget")
     allow_pickle: bool = _setting(False, POLICY, "decode .pickle/.pyd members (runs code from the data)")
     allow_pipe: bool = _setting(False, POLICY, "allow pipe:CMD URLs (they run shell commands)")
     name: str | None = _setting(None, IDENTITY, "the job's name (default: the function's)")
@@ -84,6 +90,8 @@ class JobSpec:
                                       when="batch_size")
     collate: bool = _setting(False, SHAPE, "batches as a dict of columns", when="batch_size")
     device: str | None = _setting(None, SHAPE, "the device the job asks for: cpu, cuda or auto", when="device")
+    checksum: str | None = _setting(None, SHAPE, "the hash of each output shard's receipt: sha256 (None, the "
+                                    "default), blake3 or xxh3_128 (the 'checksums' extra)", when="checksum")
     debug: bool = _setting(False, RUNTIME, "the first failure raises its own exception (serial runs)")
     limit: int | None = _setting(None, RUNTIME, "input samples per task (a trial run)")
 
@@ -93,6 +101,11 @@ class JobSpec:
                 or self.inputs_per_task < 1:
             raise JobError(f"inputs_per_task must be an integer >= 1, not {self.inputs_per_task!r}")
         _check_batching(self.batch_size, self.collate, self.device)
+        if self.checksum is not None:
+            try:
+                check_checksum(self.checksum)
+            except (ValueError, ImportError) as exc:
+                raise JobError(str(exc)) from None
         normal = {
             "encode": dict(self.encode or {}),
             "maxcount": int(self.maxcount) if self.maxcount else None,

@@ -3,10 +3,13 @@
 A plan is a list of (member name, source) pairs, grouped into samples by the key rule (files that
 share a basename up to its first dot form one sample, like `tar --sort=name`):
 
-- from a directory tree: every regular file under it (hidden files skipped), sorted by path;
+- from a directory tree: every regular file under it (hidden files skipped), sorted by path; links
+  are skipped with a warning, as GNU tar stores them as links (`dereference` follows those inside
+  the tree, `allow_outside` the others too);
 - from a recipe/TSV: lines `archive-name<TAB or spaces>source`, where source is a path or URL (any
   fsspec URL), `text:...` (the rest of the line, with \\n and \\t escapes) or `pipe:CMD` (only with
-  allow_pipe: it runs a shell command).
+  allow_pipe: it runs a shell command). Paths and URLs outside the recipe's own folder need
+  allow_outside, and every source is read bounded (create_sources: how far a recipe is trusted).
 
 `--keys index` renames the samples `000000`, `000001`, ... in plan order; `--shuffle --seed S`
 permutes the samples deterministically. Remote sources are read by a thread pool (`jobs` reads in
@@ -20,7 +23,6 @@ from __future__ import annotations
 import gc
 import os
 import random
-import subprocess
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Iterator, NamedTuple
@@ -29,7 +31,18 @@ from shardflow.errors import JobError, ShardIOError
 from shardflow.shards.keys import check_key, split_name
 from shardflow.shards.writer import ShardInfo, ShardWriter
 from shardflow.storage import options as so
-from shardflow.storage.paths import filesystem, is_local, local_path
+from shardflow.storage.paths import filesystem, is_local
+from shardflow.tools.create_sources import (
+    MAX_MEMBER_BYTES,
+    NOT_PATHS,
+    READ_FLAGS,
+    SourceScope,
+    not_regular,
+    read_checked,
+    read_source,
+)
+
+_READ_FLAGS = READ_FLAGS
 
 
 class PlannedSample(NamedTuple):
@@ -40,12 +53,19 @@ class PlannedSample(NamedTuple):
     members: tuple[tuple[str, str], ...]
 
 
-def plan_directory(root: str) -> list[tuple[str, str]]:
+def plan_directory(root: str, *, dereference: bool = False, allow_outside: bool = False,
+                   skipped: Callable[[str], None] | None = None) -> list[tuple[str, str]]:
     """(member name relative to root, path) for every regular non-hidden file, sorted by name.
 
-    One scandir per directory and no stat per file (the entry type comes with the listing)."""
+    One scandir per directory and no stat per file (the entry type comes with the listing). As GNU
+    tar does not follow a link unless told (-h), a link is not followed: a sample cannot be filled from
+    `/proc/self/environ` or `../secret` by whoever planted a link in the tree. It is skipped with a
+    warning (`skipped(message)`; a tar member cannot be a link here); `dereference` packs the file a
+    link points to when that lies inside the tree, and anywhere only with `allow_outside` too. Links
+    to folders, FIFOs, devices and sockets are skipped with a warning (never a hang on a FIFO)."""
     if not os.path.isdir(root):
         raise JobError(f"{root!r} is not a directory")
+    real_root = os.path.realpath(root).rstrip("/") + "/"
     found: list[tuple[str, str]] = []
     folders = [(root, "")]
     while folders:
@@ -54,12 +74,35 @@ def plan_directory(root: str) -> list[tuple[str, str]]:
             for entry in entries:
                 if entry.name.startswith("."):
                     continue
-                if entry.is_file():  # files first: most entries are, one call each
+                if entry.is_file(follow_symlinks=False):  # files first: most entries are, one call each
                     found.append((prefix + entry.name, entry.path))
                 elif entry.is_dir(follow_symlinks=False):  # like tar: never into a linked folder (no loops)
                     folders.append((entry.path, f"{prefix}{entry.name}/"))
+                else:
+                    why = _unpacked(entry, real_root, dereference, allow_outside)
+                    if why is None:
+                        found.append((prefix + entry.name, os.path.realpath(entry.path)))
+                    elif skipped is not None:
+                        skipped(f"skipped {prefix + entry.name!r}: {why}")
     found.sort(key=lambda item: tar_order(item[0]))  # names are unique: comparing them alone is enough
     return found
+
+
+def _unpacked(entry: os.DirEntry[str], real_root: str, dereference: bool, allow_outside: bool) -> str | None:
+    """Why a tree entry that is neither a regular file nor a folder is not packed (None: pack the file
+    its link points to)."""
+    if not entry.is_symlink():
+        return f"{not_regular(entry.stat(follow_symlinks=False).st_mode)}, not a regular file"
+    if not dereference:
+        return "a symbolic link (pass --dereference to pack the file it points to)"
+    target = os.path.realpath(entry.path)
+    if not allow_outside and not target.startswith(real_root):
+        return f"a link to {target!r}, outside the tree (pass --allow-outside to follow it)"
+    try:
+        why = not_regular(os.stat(target).st_mode)
+    except OSError as exc:
+        return f"a link to {target!r}, which cannot be read ({exc.strerror})"
+    return f"a link to {target!r}, {why}" if why else None
 
 
 def tar_order(name: str) -> str:
@@ -83,8 +126,13 @@ def plan_remote_tree(url: str, storage_options: dict[str, Any] | None) -> list[t
     return found
 
 
-def plan_recipe(lines: Iterable[str], where: str, allow_pipe: bool) -> list[tuple[str, str]]:
-    """(member name, source) for each `name source` line; `#` comments and blank lines skipped."""
+def plan_recipe(lines: Iterable[str], where: str, allow_pipe: bool,
+                scope: SourceScope | None = None) -> list[tuple[str, str]]:
+    """(member name, source) for each `name source` line; `#` comments and blank lines skipped.
+
+    Each source is checked against `scope` (default: the recipe's folder, see create_sources): a
+    recipe may be a stranger's, so what it may read is bounded before anything is read."""
+    scope = scope or SourceScope.of_recipe(where, allow_pipe=allow_pipe)
     out = []
     for number, line in enumerate(lines, 1):
         text = line.rstrip("\n")
@@ -94,8 +142,9 @@ def plan_recipe(lines: Iterable[str], where: str, allow_pipe: bool) -> list[tupl
         if len(parts) != 2 or not parts[0].strip() or not parts[1].strip():
             raise JobError(f"recipe {where}, line {number}: expected 'archive-name source', got {text!r}")
         name, source = parts[0].strip(), parts[1].strip()
-        if source.startswith("pipe:") and not allow_pipe:
-            raise JobError(f"recipe {where}, line {number}: pipe: sources run shell commands; pass --allow-pipe")
+        why = scope.refusal(source)
+        if why:
+            raise JobError(f"recipe {where}, line {number}: {why}")
         out.append((name, source))
     return out
 
@@ -169,51 +218,9 @@ def _planned(key: str, members: list[tuple[str, str]], pairs: list[tuple[str, st
     return _NEW(PlannedSample, (key, tuple(members)))
 
 
-_READ_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 # a folder's descriptor only to open files relative to it: O_PATH (Linux) needs no read permission on
 # the folder, just as opening a file by its whole path does not
 _FOLDER_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
-
-
-def read_local(path: str) -> bytes:
-    """A local file's bytes with plain os.open/os.read: for tiny files ~40 % cheaper than open().read()
-    (no buffered file object per file), which is most of the cost of packing many small files."""
-    fd = os.open(path, _READ_FLAGS)
-    try:
-        data = os.read(fd, 1 << 16)
-        more = os.read(fd, 1 << 20) if data else b""
-        return _read_rest(fd, data, more) if more else data
-    finally:
-        os.close(fd)
-
-
-def _read_rest(fd: int, first: bytes, second: bytes) -> bytes:
-    """A file larger than one read: its first reads and the rest up to the end."""
-    chunks = [first, second]
-    while chunks[-1]:
-        chunks.append(os.read(fd, 1 << 20))
-    return b"".join(chunks)
-
-
-_NOT_PATHS = ("text:", "pipe:")
-
-
-def read_source(source: str, storage_options: dict[str, Any] | None, timeout: float = 600.0) -> bytes:
-    """The bytes a plan source names: a local path, an fsspec URL, text:..., or pipe:CMD."""
-    try:
-        if "://" not in source and not source.startswith(_NOT_PATHS):  # a plain path, the common case
-            return read_local(source)
-        if source.startswith("text:"):
-            return source[5:].replace("\\n", "\n").replace("\\t", "\t").encode("utf-8")
-        if source.startswith("pipe:"):
-            return subprocess.run(source[5:], shell=True, check=True, stdin=subprocess.DEVNULL,
-                                  capture_output=True, timeout=timeout).stdout
-        if is_local(source):
-            return read_local(local_path(source))
-        fs, path = filesystem(source, so.options_for(source, storage_options))
-        return fs.cat_file(path)
-    except (OSError, subprocess.SubprocessError, ValueError) as exc:
-        raise ShardIOError(f"cannot read source {source!r}: {type(exc).__name__}: {exc}") from exc
 
 
 def default_jobs(samples: list[PlannedSample]) -> int:
@@ -242,9 +249,11 @@ Members = list[tuple[str, bytes]]  # one sample as the writer takes it: (key.ext
 
 
 def read_batch(chunk: list[PlannedSample], storage_options: dict[str, Any] | None,
-               max_bytes: float = float("inf")) -> list[Members]:
+               max_bytes: float = float("inf"), member_limit: float = MAX_MEMBER_BYTES) -> list[Members]:
     """The members of the planned samples in `chunk`, read: all of them, or the first ones up to and
     including the one that brings their bytes to `max_bytes` (so big files never pile up in memory).
+    A source over `member_limit` bytes, or a local one that is not a regular file, fails its sample
+    (create_sources: the file type is checked only when a read gives nothing or more than 64 KiB).
 
     Plain local paths (all of a directory plan) are read right here, read_local's reads written out
     (a call and a source dispatch per file were an eighth of the reading time for 100k tiny files),
@@ -260,8 +269,8 @@ def read_batch(chunk: list[PlannedSample], storage_options: dict[str, Any] | Non
             read = []
             for ext, source in members:
                 try:
-                    if "://" in source or source.startswith(_NOT_PATHS):
-                        data = read_source(source, storage_options)
+                    if "://" in source or source.startswith(NOT_PATHS):
+                        data = read_source(source, storage_options, member_limit)
                     else:
                         folder, _, name = source.rpartition("/")
                         if folder and folder == last and name:
@@ -277,8 +286,8 @@ def read_batch(chunk: list[PlannedSample], storage_options: dict[str, Any] | Non
                         try:
                             data = rd(fd, 1 << 16)
                             more = rd(fd, 1 << 20) if data else b""
-                            if more:
-                                data = _read_rest(fd, data, more)
+                            if more or not data:  # big, empty, or not a regular file at all
+                                data = read_checked(fd, data, more, member_limit)
                         finally:
                             cl(fd)
                 except OSError as exc:
@@ -298,20 +307,21 @@ def read_batch(chunk: list[PlannedSample], storage_options: dict[str, Any] | Non
 
 
 def read_batches(samples: list[PlannedSample], storage_options: dict[str, Any] | None,
-                 jobs: int | None = None, batch: int = 32) -> Iterator[list[Members]]:
+                 jobs: int | None = None, batch: int = 32,
+                 member_limit: float = MAX_MEMBER_BYTES) -> Iterator[list[Members]]:
     """The planned samples with their members read, in plan order, `batch` samples at a time: read
     by `jobs` threads, a bounded number of batches ahead (one future per batch keeps the pool's
     overhead small next to the read of a tiny file); `jobs=0` reads in the caller's thread, a batch
     at a time, cut short at 64 MiB."""
 
     def load(chunk: list[PlannedSample]) -> list[Members]:
-        return read_batch(chunk, storage_options)
+        return read_batch(chunk, storage_options, member_limit=member_limit)
 
     jobs = default_jobs(samples) if jobs is None else jobs
     if not jobs:
         start = 0
         while start < len(samples):
-            read = read_batch(samples[start : start + batch], storage_options, _INLINE_BYTES)
+            read = read_batch(samples[start : start + batch], storage_options, _INLINE_BYTES, member_limit)
             start += len(read)
             yield read
         return
@@ -332,7 +342,8 @@ def read_batches(samples: list[PlannedSample], storage_options: dict[str, Any] |
 
 def write_shards(samples: list[PlannedSample], pattern: str, *, maxcount: int, maxsize: float,
                  storage_options: dict[str, Any] | None, jobs: int | None = None,
-                 progress: Callable[[int], None] | None = None) -> list[ShardInfo]:
+                 progress: Callable[[int], None] | None = None,
+                 member_limit: float = MAX_MEMBER_BYTES) -> list[ShardInfo]:
     """Write the planned samples into shards named by `pattern` ({part} or %d: the shard index).
 
     Whole batches of read samples go to ShardWriter.write_batch: their members are already bytes
@@ -343,7 +354,8 @@ def write_shards(samples: list[PlannedSample], pattern: str, *, maxcount: int, m
     writer = ShardWriter(_shard_pattern(pattern), maxcount=maxcount, maxsize=maxsize,
                          storage_options=so.options_for(pattern, storage_options))
     with writer:
-        for batch in read_batches(samples, storage_options, jobs, batch=default_batch(samples)):
+        for batch in read_batches(samples, storage_options, jobs, batch=default_batch(samples),
+                                  member_limit=member_limit):
             writer.write_batch(batch)
             if progress is not None:
                 progress(len(batch))

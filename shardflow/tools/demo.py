@@ -6,6 +6,7 @@ JPEG + json samples (deterministic bytes for a given seed), `read_keys` lists th
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import os
@@ -93,11 +94,24 @@ def read_keys(urls: Iterable[str]) -> list[str]:
     return keys
 
 
+TORCH_MISSING = ("torch is not installed, so the demo runs the built-in resize job (Pillow only) instead of augment; "
+                 "the augment job needs the [torch] extra (pip install -c constraints.txt '.[torch]': PyPI's torch "
+                 "2.13.0 is the CUDA build, about 4 GB, and runs on the CPU too)")
+
+
+OUTPUT_FOLDERS = {"augment": "augmented", "resize": "resized"}
+
+
+def demo_job_name() -> str:
+    """augment (torch) where torch can be imported, else resize (Pillow): the demo works on the core install."""
+    return "augment" if importlib.util.find_spec("torch") is not None else "resize"
+
+
 def run_demo(directory: str | os.PathLike[str] = "shardflow-demo", samples: int = 256, workers: int | None = None,
-             shards: int = 4, echo: Callable[[str], None] = print) -> Any:
-    """Write the dataset, run the built-in augment job on it with local processes, show the result."""
+             shards: int = 4, echo: Callable[[str], None] = print, job_name: str | None = None) -> Any:
+    """Write the dataset, run a built-in job on it (augment, or resize without torch) with local processes,
+    show the result."""
     from shardflow.job.jobfile import load_job
-    from shardflow.shards.samples import read_samples
 
     directory = Path(directory)
     shards = max(1, min(shards, samples))
@@ -107,29 +121,42 @@ def run_demo(directory: str | os.PathLike[str] = "shardflow-demo", samples: int 
     width, height = DEFAULT_SIZE
     echo(f"wrote {shards} shards x {per_shard} samples ({width}x{height} JPEG + json label) to {directory / 'input'} "
          f"in {time.perf_counter() - started:.1f} s")
+    name = job_name or demo_job_name()
+    if name == "resize" and job_name is None:
+        echo(TORCH_MISSING)
     in_spec = str(directory / "input" / f"train-{{000000..{shards - 1:06d}}}.tar")
-    out_spec = str(directory / "augmented" / "{name}.tar")
-    job = load_job("augment", inputs=in_spec, outputs=out_spec)
+    out_dir = directory / OUTPUT_FOLDERS.get(name, name)
+    out_spec = str(out_dir / "{name}.tar")
+    job = load_job(name, inputs=in_spec, outputs=out_spec)
     job.prepare(force=True)
     job.rundir().reset()  # the demo always starts over: the inputs were just rewritten
-    echo(f"running: shardflow run augment --inputs '{in_spec}' --outputs '{out_spec}'"
-         + (f" --workers {workers}" if workers else ""))
+    command = f"shardflow run {name} --inputs '{in_spec}' --outputs '{out_spec}'"
+    echo(f"running: {command}" + (f" --workers {workers}" if workers else ""))
     report = job.run("processes", workers=workers)
     echo(str(report))
-    shown = 0
-    for shard in report.shards:
-        for sample in read_samples(shard["url"]):
-            if shown == 3:
-                break
-            from PIL import Image
-
-            image = Image.open(io.BytesIO(sample["png"]))
-            echo(f"  {shard['url'].rsplit('/', 1)[-1]}: key {sample['__key__']}, "
-                 f"png {image.width}x{image.height} {image.mode}, cls {int(sample['cls'])}")
-            shown += 1
-        if shown == 3:
-            break
-    echo(f"outputs in {directory / 'augmented'}, run directory {job.run_dir}")
-    echo(f"run it again to see resume: shardflow run augment --inputs '{in_spec}' --outputs '{out_spec}'"
-         "   (every task is already done: nothing is redone)")
+    for line in _describe_outputs(report.shards, limit=3):
+        echo(line)
+    echo(f"outputs in {out_dir}, run directory {job.run_dir}")
+    echo(f"run it again to see resume: {command}   (every task is already done: nothing is redone)")
     return report
+
+
+def _describe_outputs(shards: list[dict[str, Any]], limit: int) -> Iterable[str]:
+    """A line per output sample (up to `limit`): its shard, key, image size and label."""
+    from PIL import Image
+
+    from shardflow.shards.samples import read_samples
+
+    shown = 0
+    for shard in shards:
+        for sample in read_samples(shard["url"]):
+            if shown == limit:
+                return
+            ext = next((e for e in ("png", "jpg") if e in sample), None)
+            if ext is None:
+                continue
+            image = Image.open(io.BytesIO(sample[ext]))
+            label = f"cls {int(sample['cls'])}" if "cls" in sample else f"label {json.loads(sample['json'])['label']}"
+            yield (f"  {shard['url'].rsplit('/', 1)[-1]}: key {sample['__key__']}, "
+                   f"{ext} {image.width}x{image.height} {image.mode}, {label}")
+            shown += 1

@@ -64,9 +64,14 @@ def _walk(value: Any, path: list[str], field: str) -> Any:
 
 
 def sort_key(value: Any) -> tuple[int, Any]:
-    """A total order over field values: numbers (numerically), then text, then others as JSON, then None."""
+    """A total order over field values: numbers (numerically), then text (a float NaN as "nan"), then
+    others as JSON, then None."""
     if isinstance(value, bool):
         return (0, int(value))
+    if isinstance(value, float) and value != value:
+        # NaN compares false with everything, so a sort leaves it where it came, differently in memory and
+        # in merged spilled runs: it sorts as the text "nan" (numeric text "nan" is text too, below)
+        return (1, "nan")
     if isinstance(value, (int, float)):
         return (0, value)
     if isinstance(value, str):

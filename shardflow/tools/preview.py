@@ -8,7 +8,6 @@ as a contact sheet PNG.
 
 from __future__ import annotations
 
-import io
 from typing import TYPE_CHECKING, Any, Iterator
 
 from shardflow.rundir.tracebacks import format_trace, printable
@@ -122,25 +121,31 @@ def _as_image(value: Any) -> Any:
 
 
 def write_sheet(outputs: list[Any], path: str, *, cell: int = 160, columns: int = 6) -> int:
-    """Draw every image among the outputs into one PNG grid; returns how many (0: nothing written)."""
-    from PIL import Image
+    """Draw every image among the outputs into one PNG contact sheet, each with its output key and label
+    under it (tools.sheet: the layout of `shardflow show`); returns how many (0: nothing written)."""
+    from shardflow.tools.sheet import Tile, png_bytes, render
 
-    images = []
+    tiles = []
     for result in outputs:
         for output in result if isinstance(result, list) else []:
-            for ext, value in output.items():
-                image = _as_image(value) if ext.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS else None
-                if image is not None:
-                    image.thumbnail((cell, cell))
-                    images.append(image)
-    if not images:
+            found = [(ext, _as_image(value)) for ext, value in output.items()
+                     if ext.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS]
+            found = [(ext, image) for ext, image in found if image is not None]
+            for ext, image in found:
+                key = str(output.get("__key__", "?")) + (f" .{ext}" if len(found) > 1 else "")
+                tiles.append(Tile(key, output_label(output), ext, image))
+    if not tiles:
         return 0
-    rows = (len(images) + columns - 1) // columns
-    sheet = Image.new("RGB", (cell * min(columns, len(images)), cell * rows), "white")
-    for i, image in enumerate(images):
-        sheet.paste(image, (i % columns * cell, i // columns * cell))
-    buffer = io.BytesIO()
-    sheet.save(buffer, "PNG")
     with open(path, "wb") as f:
-        f.write(buffer.getvalue())
-    return len(images)
+        f.write(png_bytes(render(tiles, columns, cell)))
+    return len(tiles)
+
+
+def output_label(output: dict[str, Any]) -> str:
+    """The label shown under an output's image, as `show` picks it: `cls`, else `json["label"]`."""
+    value = output.get("cls")
+    if value is None and isinstance(output.get("json"), dict):
+        value = output["json"].get("label")
+    if isinstance(value, (bytes, bytearray)):
+        value = bytes(value).decode("utf-8", "replace").strip()
+    return "" if value is None else str(value)

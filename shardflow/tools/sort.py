@@ -5,20 +5,34 @@ shard's sample stream): samples are collected until `memory` bytes of members ar
 run is sorted and spilled to a temp file (pickle records); at the end the runs are merged with
 heapq.merge. Records carry their input position, so equal keys keep their input order (stable)
 across runs. A shard that fits in memory is sorted in memory and never touches the disk.
+
+Spilled runs hold the samples themselves, so a sort killed mid-spill (SIGKILL, OOM, a lost node) must
+not leave them in $TMPDIR forever: each spill folder (`shardflow-sort-*`, mode 0700) holds a `lock`
+file that its sort keeps flock()ed while it lives (the lock is taken before the file gets its name, so a
+folder is never seen unlocked while in use), and every sort starts by removing the folders of its user
+whose lock it can take, i.e. whose sort is gone (a lock dies with its process; PID namespaces and
+reused pids do not matter). A folder without a lock file is removed once an hour old.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import heapq
 import os
 import pickle
+import shutil
 import tempfile
+import time
 from typing import Any, BinaryIO, Iterator
 
 from shardflow.errors import SampleError
 from shardflow.tools.fields import FieldError, field_value, sort_key
 
 DEFAULT_MEMORY = 1 << 30
+SPILL_PREFIX = "shardflow-sort-"
+_LOCK = "lock"
+_UNLOCKED_STALE_AFTER = 3600.0  # seconds: a spill folder that never got its lock (killed at once)
 
 
 def passthrough(sample: dict[str, Any]) -> dict[str, Any]:
@@ -61,7 +75,7 @@ class SortSamples:
 
     def arrange_samples(self, samples: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         """The samples of one shard in sorted order (external merge sort past `memory` bytes)."""
-        with tempfile.TemporaryDirectory(prefix="shardflow-sort-", dir=self.tmpdir) as spill:
+        with spill_folder(self.tmpdir) as spill:
             runs: list[str] = []
             batch: list[tuple[Any, int, dict[str, Any]]] = []
             held = 0
@@ -78,6 +92,59 @@ class SortSamples:
             streams = [_read_run(path) for path in runs] + [iter(batch)]
             for _, _, sample in heapq.merge(*streams, key=_order):
                 yield sample
+
+
+@contextlib.contextmanager
+def spill_folder(tmpdir: str | None) -> Iterator[str]:
+    """A private folder for spilled runs, locked while it is in use, removed after; stale folders of
+    sorts that died are removed first."""
+    base = tmpdir or tempfile.gettempdir()
+    remove_stale_spills(base)
+    path = tempfile.mkdtemp(prefix=SPILL_PREFIX, dir=base)
+    fd = -1
+    try:
+        fd = os.open(os.path.join(path, ".lock-new"), os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.rename(os.path.join(path, ".lock-new"), os.path.join(path, _LOCK))  # named only once locked
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+        if fd >= 0:
+            os.close(fd)
+
+
+def remove_stale_spills(base: str) -> int:
+    """Remove this user's spill folders under `base` whose sort is gone; returns how many."""
+    removed = 0
+    try:
+        entries = [e for e in os.scandir(base) if e.name.startswith(SPILL_PREFIX)]
+    except OSError:
+        return 0
+    for entry in entries:
+        try:
+            info = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not entry.is_dir(follow_symlinks=False) or info.st_uid != os.getuid():
+            continue
+        try:
+            fd = os.open(os.path.join(entry.path, _LOCK), os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            if time.time() - info.st_mtime > _UNLOCKED_STALE_AFTER:
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed += 1
+            continue
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # locked: its sort is alive
+            os.close(fd)
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        os.close(fd)
+        removed += 1
+    return removed
 
 
 def _order(record: tuple[Any, int, dict[str, Any]]) -> tuple[Any, int]:

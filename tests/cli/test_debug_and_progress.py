@@ -123,7 +123,9 @@ def test_preview_shows_what_process_returns_and_writes_no_shards(tmp_path):
     assert "cls: builtins.int" in text and "contact sheet of 3 images" in text
     from PIL import Image
 
-    assert Image.open(sheet).size == (480, 160)
+    from shardflow.tools.sheet import sheet_size
+
+    assert Image.open(sheet).size == sheet_size(3, 6, 160)  # show's layout: a caption band under each row
     assert not list(tmp_path.rglob("*.tar")) == [] and tars(tmp_path) == tars(tmp_path / "in")
     assert not list(tmp_path.rglob("_shardflow*"))
 

@@ -46,11 +46,10 @@ def test_a_table_plan_in_place_is_refused(tmp_path):
         job.prepare()
 
 
-def test_a_table_plan_into_a_folder_with_foreign_shards_is_refused(tmp_path):
+def test_a_table_plan_over_a_foreign_shard_is_refused(tmp_path):
     make_shards(tmp_path / "in", 3, 2)
-    make_shards(tmp_path / "out", 1, 2)  # out/in-000000.tar: a shard no run of this job wrote
-    (tmp_path / "out" / "in-000000.tar").rename(tmp_path / "out" / "other-000000.tar")
+    make_shards(tmp_path / "out", 1, 2)  # out/in-000000.tar: a shard no run of this job wrote, under a planned name
     job = sf.ShardJob(_copy, str(tmp_path / "in" / "in-{000000..000002}.tar"), str(tmp_path / "out" / "{name}.tar"))
-    with pytest.raises(JobError, match="holds shards this job did not write"):
+    with pytest.raises(JobError, match="output in-000000.tar in .* already exists"):
         job.prepare()
     assert job.prepare(overwrite=True) is not None

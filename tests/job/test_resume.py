@@ -135,14 +135,21 @@ def test_a_different_plan_is_refused_unless_forced(tmp_path):
 
     fewer = cli(*base, "--inputs", spec(tmp_path / "in", "in", 2))
     assert fewer.returncode == 2
-    assert "holds a different plan (3 tasks there, 2 now)" in fewer.stderr and "--force" in fewer.stderr
+    # one word for "start over", whatever changed (issue 29 item 12): --redo, as for a code change
+    assert "holds a different plan (3 tasks there, 2 now)" in fewer.stderr and "--redo" in fewer.stderr
+    assert "--force" not in fewer.stderr
     other = cli(*base, "--inputs", spec(tmp_path / "in", "in", 3), "--set", "suffix=b")
     assert other.returncode == 2
     assert "same tasks, other job settings: params.suffix 'a' -> 'b'" in other.stderr
     # policies do not change the outputs: they may change between runs
     assert cli(*base, "--inputs", spec(tmp_path / "in", "in", 3), "--set", "on_error=raise").returncode == 0
 
-    forced = cli(*base, "--inputs", spec(tmp_path / "in", "in", 3), "--set", "suffix=b", "--force")
+    forced = cli(*base, "--inputs", spec(tmp_path / "in", "in", 3), "--set", "suffix=b", "--redo")
     assert forced.returncode == 0, forced.stderr
     assert "3/3 tasks done (0 already done before)" in forced.stdout
     assert {s["txt"] for p in tars(tmp_path / "out") for s in read_samples(str(p))} == {b"b"}
+    # --force, the older word, still starts over, and says it is deprecated
+    alias = cli(*base, "--inputs", spec(tmp_path / "in", "in", 3), "--set", "suffix=c", "--force")
+    assert alias.returncode == 0, alias.stderr
+    assert "--force is deprecated: it is the same as --redo" in alias.stderr
+    assert {s["txt"] for p in tars(tmp_path / "out") for s in read_samples(str(p))} == {b"c"}

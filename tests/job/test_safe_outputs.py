@@ -43,16 +43,17 @@ def test_outputs_that_are_the_inputs_are_refused(data):
     assert not (tmp_path / "in" / "_shardflow" / "done").exists()
 
 
-def test_a_folder_with_shards_this_job_did_not_write_needs_overwrite(data):
+def test_other_shards_beside_the_outputs_do_not_stop_a_run(data):
+    """Issue 29 item 3: only what would really be overwritten is refused; another dataset's shards in the
+    output folder are left alone and do not need --overwrite."""
     tmp_path, inputs = data
     job = write_job(tmp_path, JOB)
     make_shards(tmp_path / "out", 1, 2, name="someone-else")
+    before = (tmp_path / "out" / "someone-else-000000.tar").read_bytes()
     args = ["run", job, "-i", inputs, "-o", tmp_path / "out" / "{name}.tar", "-b", "serial"]
-    refused = cli(*args)
-    assert refused.returncode == 2
-    assert "holds shards this job did not write (e.g. someone-else-000000.tar)" in refused.stderr
-    assert "--overwrite" in refused.stderr and [p.name for p in tars(tmp_path / "out")] == ["someone-else-000000.tar"]
-    assert cli(*args, "--overwrite").returncode == 0
+    done = cli(*args)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out" / "someone-else-000000.tar").read_bytes() == before
     assert cli(*args).returncode == 0  # its own outputs (and rollover parts) are not foreign to a rerun
 
 
@@ -61,7 +62,11 @@ def test_a_shard_under_a_planned_name_from_elsewhere_is_not_overwritten_silently
     make_shards(tmp_path / "out", 1, 2, name="in")  # out/in-000000.tar: not written by any run of this job
     job = write_job(tmp_path, JOB)
     refused = cli("run", job, "-i", inputs, "-o", tmp_path / "out" / "{name}.tar", "-b", "serial")
-    assert refused.returncode == 2 and "in-000000.tar" in refused.stderr
+    assert refused.returncode == 2 and "output in-000000.tar in" in refused.stderr
+    assert "already exists and no run of this run directory" in refused.stderr and "--overwrite" in refused.stderr
+    assert not (tmp_path / "out" / "_shardflow").exists()  # a refusal leaves nothing behind
+    forced = cli("run", job, "-i", inputs, "-o", tmp_path / "out" / "{name}.tar", "-b", "serial", "--overwrite")
+    assert forced.returncode == 0, forced.stderr
 
 
 @pytest.mark.slow
@@ -92,13 +97,13 @@ def test_a_changed_process_is_detected_and_asks_for_redo_or_resume_anyway(data):
     assert plan["code"]["job_file"] == str(job) and len(plan["code"]["fingerprint"]) == 16
 
 
-def test_force_redoes_a_changed_function_with_an_unchanged_plan(data):
+def test_redo_redoes_a_changed_function_with_an_unchanged_plan(data):
     tmp_path, inputs = data
     job = write_job(tmp_path, JOB)
     args = ["run", job, "-i", inputs, "-o", tmp_path / "out" / "{name}.tar", "-b", "serial"]
     assert cli(*args).returncode == 0
     job.write_text(job.read_text().replace('"v1"', '"v2"'))
-    forced = cli(*args, "--force")
+    forced = cli(*args, "--redo")
     assert forced.returncode == 0 and "(0 already done before)" in forced.stdout
     assert _texts(tmp_path / "out") == {b"v2"}
 
@@ -162,11 +167,12 @@ def test_guards_on_an_object_store(data, s3_server, s3_bucket):
     options = s3_server.storage_options
     from shardflow.shards.writer import TarWriter
 
-    with TarWriter(f"{s3_bucket}/out/foreign-000000.tar", storage_options=options) as writer:
-        writer.write({"__key__": "x", "txt": b"not ours"})
+    for name in ("foreign-000000.tar", "in-000001.tar"):  # the second one under a planned name
+        with TarWriter(f"{s3_bucket}/out/{name}", storage_options=options) as writer:
+            writer.write({"__key__": "x", "txt": b"not ours"})
     out = f"{s3_bucket}/out/{{name}}.tar"
     job = sf.ShardJob(_upper, inputs, out, name="case", storage_options=options)
-    with pytest.raises(JobError, match="holds shards this job did not write .*foreign-000000.tar"):
+    with pytest.raises(JobError, match="output in-000001.tar in .* already exists and no run"):
         job.run("serial", progress=False)
     assert job.run("serial", progress=False, overwrite=True).ok
     assert sf.ShardJob(_upper, inputs, out, name="case", storage_options=options).run("serial", progress=False).ok
@@ -174,3 +180,42 @@ def test_guards_on_an_object_store(data, s3_server, s3_bucket):
                            storage_options=options)
     with pytest.raises(JobError, match="would destroy its inputs"):
         in_place.run("serial", progress=False)
+
+
+def test_an_input_named_dot_dot_cannot_put_an_output_above_the_output_folder(tmp_path):
+    """Issue 26 item 6: input names come from whoever fills the bucket; `...tar` has the stem `..`."""
+    make_shards(tmp_path / "in", 1, 2)
+    (tmp_path / "in" / "in-000000.tar").rename(tmp_path / "in" / "...tar")
+    job = write_job(tmp_path, JOB)
+    (tmp_path / "out").mkdir()
+    refused = cli("run", job, "-i", tmp_path / "in" / "...tar", "-o", tmp_path / "out" / "{name}" / "x.tar",
+                  "-b", "serial")
+    assert refused.returncode == 2, refused.stdout
+    assert "has the name '..'" in refused.stderr and "Traceback" not in refused.stderr
+    assert not (tmp_path / "x.tar").exists() and not list((tmp_path / "out").iterdir())
+
+
+def test_an_output_name_that_leaves_the_pattern_folder_is_refused():
+    from shardflow.job.naming import pattern_name
+
+    assert pattern_name("out/{name}.tar", 0, "in/a.tar") == ("out/a.tar", "out/a_{part:03d}.tar")
+    with pytest.raises(JobError, match="resolves outside 'out'"):
+        pattern_name("out/x{name}/../../y.tar", 0, "in/a.tar")  # out/xa/../../y.tar is y.tar
+    with pytest.raises(JobError, match="has the name '.'"):
+        pattern_name("s3://b/out/{name}/x.tar", 0, "s3://evil/..tar")
+
+
+def test_a_symlinked_input_file_is_found_in_place_even_with_overwrite(tmp_path):
+    """Issue 26 item 12: `in/a.tar -> data/a.tar` with outputs `data/{name}.tar` would replace the file the
+    input is; compared by where the link points, whatever --overwrite says."""
+    make_shards(tmp_path / "data", 1, 3, name="a")
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a-000000.tar").symlink_to(tmp_path / "data" / "a-000000.tar")
+    before = (tmp_path / "data" / "a-000000.tar").read_bytes()
+    job = write_job(tmp_path, JOB)
+    for extra in ([], ["--overwrite"]):
+        refused = cli("run", job, "-i", tmp_path / "in" / "a-000000.tar", "-o", tmp_path / "data" / "{name}.tar",
+                      "-b", "serial", *extra)
+        assert refused.returncode == 2, refused.stdout
+        assert "is the input shard" in refused.stderr and "would destroy its inputs" in refused.stderr
+    assert (tmp_path / "data" / "a-000000.tar").read_bytes() == before

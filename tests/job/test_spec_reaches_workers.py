@@ -31,9 +31,9 @@ from tests.support.k8s import run_indexed_job
 NON_DEFAULTS = {
     "decode": "l8", "encode": {"png_compress_level": 3}, "on_error": "warn", "seed": 7, "maxcount": 1000,
     "maxsize": 1e9, "inputs_per_task": 2, "storage_options": {"memory://nowhere/": {"auto_mkdir": True}},
-    "max_failure_rate": 0.9, "io_retries": 1, "retry_backoff": 0.5, "allow_pickle": True,
+    "max_failure_rate": 0.9, "io_retries": 1, "retry_backoff": 0.5, "retry_budget": 30.0, "allow_pickle": True,
     "allow_pipe": True, "name": "everyfield", "batch_size": 3, "collate": True, "device": "cpu",
-    "params": {"x": 1},
+    "params": {"x": 1}, "checksum": "blake3",
 }
 LOCATIONS = ("inputs", "outputs", "run_dir")  # given on the command line / as arguments
 
@@ -128,6 +128,13 @@ def test_a_job_file_setting_reaches_a_dask_worker(job_file_run, tmp_path):
     report = job.run("dask", workers=1, dashboard_address=None, progress=False)
     assert report.ok, report
     _check(_seen(tmp_path / "dask"), job.spec)
+
+
+def test_a_job_file_setting_reaches_a_ray_worker(job_file_run, tmp_path, ray_local):
+    job = job_file_run("ray")  # ray_local: a run without an address uses this process's Ray
+    report = job.run("ray", progress=False)
+    assert report.ok, report
+    _check(_seen(tmp_path / "ray"), job.spec)
 
 
 def test_a_job_file_setting_reaches_a_pod_run_from_the_generated_manifest(tmp_path):

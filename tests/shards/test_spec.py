@@ -54,7 +54,7 @@ def test_load_yaml_json_dict_and_includes(tmp_path):
     ("dataset:\n  - shards: {empty}/*.tar\n", "line 2: glob"),
     ("dataset:\n  - shards: []\n", "line 2: 'shards' must be"),
     ("dataset: []\n", "'dataset' must be a non-empty list"),
-    ("datasets:\n  - shards: {a}\n", "line 1: unknown field 'datasets' (did you mean 'dataset'?)"),
+    ("datasetz:\n  - shards: {a}\n", "line 1: unknown field 'datasetz' (did you mean 'dataset'?)"),
     ("dataset:\n  - spec: train.yaml\n", "includes itself"),
     ("dataset:\n  - shards: {a}\n    repeat: [3, 1]\n", "low end above"),
 ])

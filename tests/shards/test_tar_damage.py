@@ -67,8 +67,10 @@ def test_lone_zero_block_is_damage_not_the_end():
     assert info.value.offset == at and info.value.key == "s000006"
     out, errors = read(bad)
     whole(out, samples)
-    assert [s["__key__"] for s in out] == [f"s{i:06d}" for i in range(20) if i not in (6, 7)]
-    assert errors[0].offset == at and {e.key for e in errors[1:]} == {"s000006", "s000007"}
+    # s000005 too: the zero block follows the first member of s000006, whose header may have been
+    # displaced onto the place of one of s000005's
+    assert [s["__key__"] for s in out] == [f"s{i:06d}" for i in range(20) if i not in (5, 6, 7)]
+    assert errors[0].offset == at and {e.key for e in errors[1:]} == {"s000005", "s000006", "s000007"}
 
 
 def test_zeroed_header_of_zero_filled_member_is_found_after_the_end_marker():
@@ -118,8 +120,8 @@ def test_lone_zero_block_is_counted_by_a_job(tmp_path):
     job = sf.ShardJob(_identity, inputs=str(tmp_path / "in-000.tar"), outputs=str(tmp_path / "out/o-{task}.tar"),
                       decode=None, on_error="skip")
     report = job.run("serial")
-    assert report.ok and report.stats.samples_in == 18 and report.stats.samples_out == 18
-    assert report.stats.failed == 3  # the damaged region and the two samples next to it
+    assert report.ok and report.stats.samples_in == 17 and report.stats.samples_out == 17
+    assert report.stats.failed == 4  # the damaged region and the three samples next to it
 
 
 def _identity(sample):
@@ -172,7 +174,7 @@ def test_crafted_size_plus_512_with_a_valid_checksum_delivers_no_padded_member()
     whole(out, samples)  # s000002 is in the damaged region, its neighbours next to it
     assert [s["__key__"] for s in out] == ["s000000", "s000004", "s000005"]
     assert errors[0].offset == at and "'s000002.cls' does not end where its size field says" in str(errors[0])
-    assert [e.key for e in errors[1:]] == ["s000001", "s000003"]
+    assert [e.key for e in errors[1:]] == ["s000002", "s000001", "s000003"]  # s000002: its header is sound
 
 
 def test_crafted_size_swallowing_an_empty_member_is_caught_by_the_header_in_its_data():

@@ -455,8 +455,8 @@ def test_resync_through_zero_filled_data():
 
 
 def test_resync_damaged_pax_header_is_not_trusted():
-    # the records of a damaged pax header are not read: the member it described comes out under the
-    # stand-in name of its own header (sample grouping leaves it out, see test_tar_damage)
+    # the records of a damaged pax header are not read: the member it described, under the stand-in
+    # name of its own header after damage, is reported as damage too (its sample is unknown)
     files = [("s/0000.cls", b"0"), (LONG, b"long"), ("s/0002.cls", b"2")]
     data = write_tar(files)
     offsets = [m.offset for m in iter_members(io.BytesIO(data))]
@@ -465,7 +465,9 @@ def test_resync_damaged_pax_header_is_not_trusted():
     damaged = corrupt(data, pax_header + 140)
     items = list(iter_members(io.BytesIO(damaged), resync=True))
     assert isinstance(items[1], Corruption) and items[1].error.offset == pax_header
-    assert [(x.name, x.data) for x in items if isinstance(x, Member)] == [files[0], (LONG[:100], b"long"), files[2]]
+    assert isinstance(items[2], Corruption) and items[2].error.offset == offsets[1]
+    assert "stand in" in items[2].error.reason and LONG[:100] in items[2].error.reason
+    assert [(x.name, x.data) for x in items if isinstance(x, Member)] == [files[0], files[2]]
 
 
 def test_resync_damage_at_the_end_of_the_stream():

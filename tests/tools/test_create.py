@@ -65,7 +65,8 @@ def test_create_is_deterministic_with_shuffle_and_index_keys(tmp_path):
     assert other.exit_code == 0 and (tmp_path / "o9.tar").read_bytes() != (tmp_path / "o0.tar").read_bytes()
 
 
-def test_create_from_a_recipe_with_text_files_and_pipes(tmp_path):
+def test_create_from_a_recipe_with_text_files_and_pipes(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # stdin's recipe reads under the current directory
     (tmp_path / "img.bin").write_bytes(b"\x00\x01binary")
     recipe = (f"a/001.txt\ttext:hello\\nworld\n# a comment\n\na/001.bin {tmp_path / 'img.bin'}\n"
               f"a/002.txt\tfile://{tmp_path / 'img.bin'}\na/003.txt pipe:echo piped\n")
@@ -80,7 +81,8 @@ def test_create_from_a_recipe_with_text_files_and_pipes(tmp_path):
 
 
 def test_create_errors_name_the_member_and_leave_nothing(tmp_path):
-    missing = run("create", "-", "-o", tmp_path / "m.tar", input="a/1.txt text:x\na/2.txt /no/such/file\n")
+    missing = run("create", "-", "-o", tmp_path / "m.tar", "--allow-outside",
+                  input="a/1.txt text:x\na/2.txt /no/such/file\n")
     assert missing.exit_code == 1
     assert "key 'a/2'" in missing.output and "/no/such/file" in missing.output
     assert not (tmp_path / "m.tar").exists() and not list(tmp_path.glob(".m.tar*"))

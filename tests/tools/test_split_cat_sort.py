@@ -119,7 +119,7 @@ def test_sort_spills_runs_to_disk_past_the_memory_budget(tmp_path):
     sorter = SortSamples("txt", memory=400, tmpdir=str(spill))
     stream = sorter.arrange_samples(iter(samples))
     first = next(stream)
-    seen_runs = [p for d in spill.iterdir() for p in d.iterdir()]
+    seen_runs = [p for d in spill.iterdir() for p in d.glob("run-*.pkl")]
     rest = list(stream)
     assert len(seen_runs) == 5  # 40 samples of 50 bytes in runs of 400 bytes
     got = [first, *rest]

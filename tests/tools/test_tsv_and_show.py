@@ -13,7 +13,8 @@ from PIL import Image
 
 import shardflow as sf
 from shardflow.cli import main
-from shardflow.cli import tools_sheet as sheet
+from shardflow.cli import tools_sheet as inline
+from shardflow.tools import sheet
 
 COLORS = [(255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 0), (0, 255, 255), (255, 0, 255), (128, 128, 128)]
 
@@ -87,8 +88,8 @@ def test_show_writes_a_sheet_whose_size_and_tiles_match(shard, tmp_path):
     shown = [c for i, c in enumerate(COLORS) if i != 4][:5]  # sample 4 has no image
     for index, color in enumerate(shown):
         x, y = sheet.tile_origin(index, 3, 64)
-        assert image.getpixel((x + 32, y + 32)) == color  # the tile's image, centred in its square
-        assert image.getpixel((x + 32, y + 2)) == sheet.BACKGROUND  # 40x30 scaled to 64x48: band above
+        assert image.getpixel((x + 32, y + 64 - 15)) == color  # the 40x30 image, centred across, on the bottom
+        assert image.getpixel((x + 32, y + 2)) == sheet.BACKGROUND  # the band above it
     x, y = sheet.tile_origin(5, 3, 64)  # the sixth slot is empty
     assert image.getpixel((x + 32, y + 32)) == sheet.BACKGROUND
     lines = result.stdout.splitlines()  # not a terminal: a text table
@@ -101,20 +102,20 @@ def test_show_inline_protocols():
         def isatty(self):
             return True
 
-    assert sheet.inline_protocol(Tty(), {"TERM": "xterm-kitty"}) == "kitty"
-    assert sheet.inline_protocol(Tty(), {"TERM_PROGRAM": "iTerm.app"}) == "iterm"
-    assert sheet.inline_protocol(Tty(), {"TERM": "xterm-256color"}, ask_sixel=lambda: False) is None
-    assert sheet.inline_protocol(Tty(), {"TERM": "xterm-256color"}, ask_sixel=lambda: True) == "sixel"
-    assert sheet.inline_protocol(Tty(), {"TERM": "dumb"}, ask_sixel=lambda: True) is None
-    assert sheet.inline_protocol(io.BytesIO(), {"TERM": "xterm-kitty"}) is None  # not a terminal
-    assert sheet.inline_protocol(io.BytesIO(), {"SHARDFLOW_INLINE": "sixel"}) == "sixel"  # asked for
-    assert sheet.inline_protocol(Tty(), {"TERM": "xterm-kitty", "SHARDFLOW_INLINE": "none"}) is None
+    assert inline.inline_protocol(Tty(), {"TERM": "xterm-kitty"}) == "kitty"
+    assert inline.inline_protocol(Tty(), {"TERM_PROGRAM": "iTerm.app"}) == "iterm"
+    assert inline.inline_protocol(Tty(), {"TERM": "xterm-256color"}, ask_sixel=lambda: False) is None
+    assert inline.inline_protocol(Tty(), {"TERM": "xterm-256color"}, ask_sixel=lambda: True) == "sixel"
+    assert inline.inline_protocol(Tty(), {"TERM": "dumb"}, ask_sixel=lambda: True) is None
+    assert inline.inline_protocol(io.BytesIO(), {"TERM": "xterm-kitty"}) is None  # not a terminal
+    assert inline.inline_protocol(io.BytesIO(), {"SHARDFLOW_INLINE": "sixel"}) == "sixel"  # asked for
+    assert inline.inline_protocol(Tty(), {"TERM": "xterm-kitty", "SHARDFLOW_INLINE": "none"}) is None
     noise = Image.frombytes("RGB", (400, 300), np.random.default_rng(0).bytes(360_000))  # several kitty chunks
     data = sheet.png_bytes(noise)
-    kitty = sheet.inline_image(noise, "kitty")
+    kitty = inline.inline_image(noise, "kitty")
     assert kitty.startswith(b"\x1b_Ga=T,f=100,m=1;") and kitty.rstrip().endswith(b"\x1b\\")
-    assert sheet.inline_image(noise, "iterm").startswith(b"\x1b]1337;File=inline=1;size=%d" % len(data))
-    six = sheet.inline_image(noise, "sixel")
+    assert inline.inline_image(noise, "iterm").startswith(b"\x1b]1337;File=inline=1;size=%d" % len(data))
+    six = inline.inline_image(noise, "sixel")
     assert six.startswith(b'\x1bPq"1;1;400;300') and six.rstrip().endswith(b"\x1b\\")
 
 
