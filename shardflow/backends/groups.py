@@ -12,6 +12,7 @@ be left to share out (the tail stays balanced, and a lost worker costs one group
 from __future__ import annotations
 
 from shardflow.errors import JobError
+from shardflow.rundir.tasks import Task
 
 TARGET_S = 0.25  # work per call worth ~50x the per-call cost; a task longer than this goes alone
 GROUPS_PER_THREAD = 4  # calls per worker thread at least, of what is left
@@ -42,3 +43,12 @@ class GroupSizer:
         by_time = int(TARGET_S / max(self.task_s, 1e-4))
         by_balance = pending // (max(1, threads) * GROUPS_PER_THREAD)
         return max(1, min(by_time, by_balance, MAX_GROUP))
+
+
+def take_group(remaining: list[Task], size: int, alone: set[int] | frozenset[int]) -> list[Task]:
+    """The next group from `remaining` (plan order reversed: the next task is last): up to `size` tasks;
+    a task in `alone` (one that killed its worker in a group) goes by itself."""
+    group = [remaining.pop()]
+    while len(group) < size and group[0].id not in alone and remaining and remaining[-1].id not in alone:
+        group.append(remaining.pop())
+    return group

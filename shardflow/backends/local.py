@@ -163,20 +163,26 @@ def _pickle_texts(data: bytes) -> set[str]:
 
 # A run this small on a job that reads raw bytes (no decode: passthrough, the shell tools' split, cat -o,
 # sort) ends before a pool of workers would have started: it runs in the driver (see _in_driver).
-SMALL_RUN_BYTES = 64 << 20
+SMALL_RUN_BYTES = 16 << 20
 
 
-def _in_driver(job: "ShardJob", tasks: list[Task], gpus: Any) -> bool:
+def _in_driver(job: "ShardJob", tasks: list[Task], gpus: Any, workers: int | None) -> bool:
     """Whether the processes backend runs these tasks here, as `serial` would: one task (a pool cannot
     run it faster, its start is all it adds), or a raw-bytes job on at most SMALL_RUN_BYTES of local
-    inputs. Measured on 2 cores: a 12 MB passthrough of 4 shards took 2.2 s on processes, 1.3 s serial.
-    A job that decodes always gets its pool (a few MB of JPEGs are seconds of work), so does a GPU job
-    (its workers are pinned to their GPUs) and a run with inputs elsewhere (their size costs requests).
+    inputs when no worker count was asked for. Measured on 2 cores: a 12 MB passthrough of 4 shards
+    took 2.2 s on processes, 1.3 s serial. A job that decodes always gets its pool (a few MB of JPEGs
+    are seconds of work), so does a GPU job (its workers are pinned to their GPUs), a `map` job (each
+    sample runs a command), a run with inputs elsewhere (their size costs requests) and a run given
+    `workers=N` (the user asked for N processes).
     """
+    from shardflow.job.shell import ShellCommand
+
     if gpus is not None or os.environ.get("SHARDFLOW_ALWAYS_POOL") == "1":
         return False
     if len(tasks) <= 1:
         return True
+    if workers is not None or isinstance(job.fn, ShellCommand):
+        return False
     if job.spec.decode is not None or job.spec.batch_size is not None:
         return False
     total = 0
@@ -257,7 +263,7 @@ def execute_processes(job: "ShardJob", tasks: list[Task], progress: Progress, *,
     if not tasks:
         return
     gpus = gpu_plan(job.spec.device, gpus_per_worker)
-    if _in_driver(job, tasks, gpus):
+    if _in_driver(job, tasks, gpus, workers):
         yield from execute_serial(job, tasks, progress)
         return
     workers = max(1, min(workers or (gpus.workers if gpus else default_workers()), len(tasks)))

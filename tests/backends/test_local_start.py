@@ -32,17 +32,22 @@ def pool_by_size(monkeypatch):
     monkeypatch.delenv("SHARDFLOW_ALWAYS_POOL", raising=False)  # tests/conftest.py sets it for the others
 
 
-def _run(tmp_path, fn, shards, **settings):
+def _run(tmp_path, fn, shards, workers=None, **settings):
     inputs = make_shards(tmp_path / "in", shards, 3)
     job = sf.ShardJob(fn, spec(tmp_path / "in", "in", len(inputs)), str(tmp_path / "out" / "{name}.tar"),
                       run_dir=str(tmp_path / "run"), **settings)
-    report = job.run("processes", workers=2, progress=False)
+    report = job.run("processes", workers=workers, progress=False)
     assert report.ok and report.stats.samples_out == 3 * shards
     return _pids(tmp_path / "out")
 
 
 def test_a_small_raw_bytes_run_runs_in_the_driver(tmp_path, pool_by_size):
     assert _run(tmp_path, _stamp, 3) == {str(os.getpid())}
+
+
+def test_a_run_given_a_worker_count_gets_its_workers(tmp_path, pool_by_size):
+    pids = _run(tmp_path, _stamp, 3, workers=2)  # --workers 2: the user asked for processes
+    assert str(os.getpid()) not in pids and pids
 
 
 def test_one_task_runs_in_the_driver_even_when_it_decodes(tmp_path, pool_by_size):

@@ -12,8 +12,8 @@ from shardflow.backends.dask.paths import absolute, absolute_task, input_probes
 from shardflow.backends.dask.resources import check_resources, task_resources
 from shardflow.backends.dask.submit import DaskRun, import_distributed
 from shardflow.backends.dask.waiting import wait_for_workers
-from shardflow.backends.dask.wire import missing_module_message
 from shardflow.backends.groups import GroupSizer
+from shardflow.backends.preflight import judge_answers
 from shardflow.errors import JobError
 from shardflow.job.progress import Progress
 from shardflow.rundir.tasks import Task, TaskResult
@@ -89,7 +89,6 @@ def _print_dashboard(client: Any) -> None:
 def _preflight(client: Any, job: "ShardJob", tasks: list[Task]) -> None:
     """Fail early, and clearly, when workers cannot import shardflow or see the run directory or inputs."""
     from shardflow.storage.paths import is_local, local_path
-    from shardflow.version import __version__
 
     local = is_local(job.run_dir)
     path = os.path.abspath(local_path(job.run_dir)) if local else None
@@ -97,27 +96,7 @@ def _preflight(client: Any, job: "ShardJob", tasks: list[Task]) -> None:
         answers = client.run(worker_check, path, input_probes(tasks, job.options_for), on_error="return")
     except Exception:  # noqa: BLE001 - a preflight that cannot run must not stop a run that could
         return
-    blind = []
-    for worker, answer in sorted(answers.items()):
-        if isinstance(answer, ModuleNotFoundError):
-            raise JobError(missing_module_message(worker, answer.name))
-        if not isinstance(answer, dict):
-            continue
-        if answer.get("sees_run_dir") is False:
-            blind.append(worker)
-        if answer.get("blind_inputs"):
-            raise JobError(f"Dask worker {worker} cannot see the inputs ({'; '.join(answer['blind_inputs'][:3])}): "
-                           "put them on storage every worker reaches (s3://, gs://, or a shared filesystem mounted "
-                           "at the same path), and give the workers its credentials")
-        if answer.get("shardflow") != __version__:
-            print(f"shardflow: warning: worker {worker} has shardflow {answer.get('shardflow')}, "
-                  f"this client {__version__}", file=sys.stderr)
-    if blind:
-        raise JobError(
-            f"{len(blind)} Dask worker(s) ({', '.join(blind[:3])}{', ...' if len(blind) > 3 else ''}) cannot see the "
-            f"run directory {job.run_dir}: put the run directory and the outputs on storage every worker reaches "
-            f"(s3://, gs://, or a shared filesystem mounted at the same path), e.g. run_dir='s3://bucket/run'"
-        )
+    judge_answers(sorted(answers.items()), "Dask worker", job.run_dir)
 
 
 def _absolute_run_dir(job: "ShardJob") -> "ShardJob":

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from shardflow.backends.dask.on_worker import run_on_worker
 from shardflow.backends.dask.wire import dumps_job, missing_module_message
-from shardflow.backends.groups import GroupSizer
+from shardflow.backends.groups import GroupSizer, take_group
 from shardflow.errors import FailureKind, JobError
 from shardflow.job.progress import Progress
 from shardflow.rundir.tasks import Task, TaskResult
@@ -104,12 +104,7 @@ class DaskRun:
         return limit, (min(threads, self.max_in_flight) if self.max_in_flight else threads)
 
     def _take(self, size: int) -> list[Task]:
-        """The next group: up to `size` tasks in plan order; a task marked alone goes by itself."""
-        group = [self.remaining.pop()]
-        while (len(group) < size and group[0].id not in self.alone and self.remaining
-               and self.remaining[-1].id not in self.alone):
-            group.append(self.remaining.pop())
-        return group
+        return take_group(self.remaining, size, self.alone)
 
     def _top_up(self, limit: int, threads: int) -> None:
         """Submit calls until `limit` are in flight, in one call (one graph update for the scheduler),

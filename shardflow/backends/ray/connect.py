@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from shardflow.backends.dask.paths import input_probes
-from shardflow.backends.dask.wire import missing_module_message
+from shardflow.backends.preflight import judge_answers
 from shardflow.backends.ray.on_worker import node_check
 from shardflow.errors import JobError
 from shardflow.rundir.tasks import Task
@@ -115,7 +115,6 @@ def preflight(connection: Connection, job: "ShardJob", tasks: list[Task]) -> Non
     """On every live node, once: can it import shardflow, see the run directory and the inputs? A
     node that cannot stops the run with one message instead of failing every task."""
     from shardflow.storage.paths import is_local, local_path
-    from shardflow.version import __version__
 
     ray = connection.ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -127,28 +126,12 @@ def preflight(connection: Connection, job: "ShardJob", tasks: list[Task]) -> Non
     refs = {n["NodeManagerAddress"] + " " + n["NodeID"][:12]: check.options(
         num_cpus=0, max_retries=0, scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
     ).remote(path, probes) for n in nodes}
-    blind = []
+    answers = []
     for node, ref in refs.items():
         try:
-            answer = ray.get(ref, timeout=PREFLIGHT_TIMEOUT_S)
+            answers.append((node, ray.get(ref, timeout=PREFLIGHT_TIMEOUT_S)))
         except ray.exceptions.RayTaskError as exc:
-            cause = getattr(exc, "cause", None)
-            if isinstance(cause, ModuleNotFoundError):
-                raise JobError(missing_module_message(f"on Ray node {node}", cause.name)) from None
-            continue
+            answers.append((node, getattr(exc, "cause", None)))  # a ModuleNotFoundError is judged
         except Exception:  # noqa: BLE001 - a preflight that cannot run must not stop a run that could
             continue
-        if answer.get("sees_run_dir") is False:
-            blind.append(node)
-        if answer.get("blind_inputs"):
-            raise JobError(f"Ray node {node} cannot see the inputs ({'; '.join(answer['blind_inputs'][:3])}): put "
-                           "them on storage every node reaches (s3://, gs://, or a shared filesystem mounted at the "
-                           "same path), and give the nodes its credentials")
-        if answer.get("shardflow") != __version__:
-            print(f"shardflow: warning: Ray node {node} has shardflow {answer.get('shardflow')}, this driver "
-                  f"{__version__}", file=sys.stderr)
-    if blind:
-        raise JobError(
-            f"{len(blind)} Ray node(s) ({', '.join(blind[:3])}{', ...' if len(blind) > 3 else ''}) cannot see the "
-            f"run directory {job.run_dir}: put the run directory and the outputs on storage every node reaches "
-            f"(s3://, gs://, or a shared filesystem mounted at the same path), e.g. run_dir='s3://bucket/run'")
+    judge_answers(answers, "Ray node", job.run_dir)

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
-from shardflow.backends.groups import GroupSizer
+from shardflow.backends.groups import GroupSizer, take_group
 from shardflow.backends.ray.on_worker import TransientFailure, run_on_ray
 from shardflow.backends.ray.resources import slots
 from shardflow.errors import FailureKind, JobError
@@ -85,11 +85,7 @@ class RayRun:
         return (self.max_in_flight or max(4, 3 * at_once)), at_once
 
     def _take(self, size: int) -> list[Task]:
-        group = [self.remaining.pop()]
-        while (len(group) < size and group[0].id not in self.alone and self.remaining
-               and self.remaining[-1].id not in self.alone):
-            group.append(self.remaining.pop())
-        return group
+        return take_group(self.remaining, size, self.alone)
 
     def _top_up(self, limit: int, at_once: int) -> None:
         while self.remaining and len(self.running) < limit:
