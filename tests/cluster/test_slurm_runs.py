@@ -123,7 +123,8 @@ def test_scancel_of_one_array_task_then_the_same_command_resumes(slurm_run, clus
     wait_for(glob_temps(slurm_run.out, "in-000002.tar"), "index 1 to write a shard")
     subprocess.run(["scancel", f"{array_id}_1"], check=True)
     wait_idle(cluster)
-    assert temp_files(slurm_run.out) == []  # the cancelled worker removed its temp outputs
+    # nothing under a final name is partial; a temp output may stay when slurmd's SIGKILL (KillWait after
+    # the SIGTERM) beats the worker's cleanup on a loaded machine: the rerun removes it (asserted below)
     assert all(len(list(read_samples(str(p)))) == PER_SHARD for p in slurm_run.out.glob("*.tar"))
     assert not RunDir(str(slurm_run.out / "_shardflow")).done_ids() >= {2, 3}
     assert not summary(slurm_run.out)["ok"]  # the finalize job ran (afterany) and saw the hole
@@ -131,6 +132,7 @@ def test_scancel_of_one_array_task_then_the_same_command_resumes(slurm_run, clus
     assert len(ids) == 2  # an array (of the cancelled chunk only) and a finalize job
     wait_idle(cluster)
     check_exactly_once(slurm_run.out)
+    assert temp_files(slurm_run.out) == []
     assert summary(slurm_run.out)["ok"]
 
 
