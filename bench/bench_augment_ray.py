@@ -39,6 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+from cpu_time import descendants_cpu, own_cpu  # noqa: E402
 from idle_profile import ProcessTree  # noqa: E402
 
 JOB_FILE = REPO / "jobs" / "augment.py"
@@ -101,17 +102,7 @@ def run_ray(inputs: list[str], out: Path, blocks: int | None) -> tuple[float, st
 def tree_cpu() -> float:
     """CPU seconds of this process and every descendant (the fork server and workers; Ray's GCS, raylet
     and workers), their reaped children included: the CPU a row cost is the difference around it."""
-    import psutil
-
-    total = 0.0
-    me = psutil.Process()
-    for proc in [me, *me.children(recursive=True)]:
-        try:
-            t = proc.cpu_times()
-            total += t.user + t.system + t.children_user + t.children_system
-        except psutil.Error:
-            pass
-    return total
+    return own_cpu() + descendants_cpu()
 
 
 def main() -> None:
