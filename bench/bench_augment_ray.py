@@ -12,8 +12,10 @@ Gaussian noise, clamp, encode PNG, write the label; --shards x --per-shard image
 
 Ray runs on `ray.init(num_cpus=2)` started once, before the first round (its start, 18-28 s, is left
 out of its clock; shardflow's start is in). The Ray rows run the job's `augment_image` on Ray's decoded
-rows and let write_webdataset encode the PNG (Pillow, level 6: Ray's default); bench/bench_ray.py's
-runner (issue 25) encodes with the job's own settings (PNG level 1 by ISA-L), the other comparison.
+rows and let write_webdataset encode the PNG (Pillow, level 6: Ray's default). shardflow writes the
+same PNG bytes as Pillow at level 6 (codecs/png.py: Pillow's row filters chosen in numpy, Pillow's zlib
+settings; tests/codecs/test_png_levels.py compares them byte for byte). bench/bench_ray.py's runner
+(issue 25) encodes with the job's own settings (PNG level 1 by ISA-L), the other comparison.
 This file runs as __main__ so that cloudpickle ships `_ray_row` to Ray's workers by value.
 Rounds rotate the order; the table gives
 medians and the per-round ratio shardflow / best Ray row. `--profile` adds, per shardflow run, where
@@ -115,14 +117,13 @@ def main() -> None:
     ap.add_argument("--dir", help="scratch directory (kept; inputs reused)")
     args = ap.parse_args()
 
-    from shardflow.tools.demo import write_synthetic_shards
+    from shardflow.tools.demo import shard_name, shards_spec, write_synthetic_shards
 
     scratch = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bench-augment-ray-"))
-    names = [scratch / "in" / f"train-{i:06d}.tar" for i in range(args.shards)]
-    if not all(p.exists() for p in names):
+    inputs = [str(scratch / "in" / shard_name("train", i)) for i in range(args.shards)]
+    if not all(os.path.exists(p) for p in inputs):  # kept from an earlier run with --dir
         write_synthetic_shards(scratch / "in", args.shards, args.per_shard)
-    inputs = [str(p) for p in names]
-    spec = str(scratch / "in" / f"train-{{000000..{args.shards - 1:06d}}}.tar")
+    spec = shards_spec(scratch / "in", args.shards)
     total = args.shards * args.per_shard
     variants: dict[str, Callable[[Path], tuple[float, str]]] = {}
     if args.only in (None, "shardflow"):

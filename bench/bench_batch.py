@@ -40,7 +40,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from shardflow.tools.demo import write_synthetic_shards  # noqa: E402
+from shardflow.tools.demo import shards_spec, write_synthetic_shards  # noqa: E402
 
 VARIANTS = {
     "augment": (["augment"], {}),
@@ -108,7 +108,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-batch-") as tmp:
         root = Path(tmp)
         write_synthetic_shards(root / "in", args.shards, args.per_shard, distinct=None)
-        inputs = str(root / "in" / f"train-{{000000..{args.shards - 1:06d}}}.tar")
+        inputs = shards_spec(root / "in", args.shards)
         times: dict[str, list[tuple[float, float, float]]] = {name: [] for name in args.only}
         ratios: dict[str, list[tuple[float, float, float]]] = {name: [] for name in args.only}
         for round_ in range(args.repeat):

@@ -51,7 +51,7 @@ for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
 import shardflow as sf  # noqa: E402
 from shardflow import TarWriter, load_job  # noqa: E402
 from shardflow.job.jobfile import load_job_file  # noqa: E402
-from shardflow.tools.demo import write_synthetic_shards  # noqa: E402
+from shardflow.tools.demo import shards_spec, write_synthetic_shards  # noqa: E402
 
 
 def digests(directory: str) -> dict[str, str]:
@@ -228,7 +228,7 @@ def main() -> None:
     root = tempfile.mkdtemp(prefix="bench-dask-")
     try:
         urls = write_synthetic_shards(os.path.join(root, "in"), args.shards, args.samples, size=(width, height))
-        spec = os.path.join(root, "in", f"train-{{000000..{args.shards - 1:06d}}}.tar")
+        spec = shards_spec(os.path.join(root, "in"), args.shards)
         total = args.shards * args.samples
         print(f"{args.shards} shards x {args.samples} samples ({width}x{height} JPEG), job {args.job}, "
               f"{args.workers} workers, {os.cpu_count()} cores, best of {args.repeat}", flush=True)

@@ -48,7 +48,7 @@ from cpu_time import descendants_cpu, own_cpu  # noqa: E402
 
 from shardflow import load_job  # noqa: E402
 from shardflow.job.jobfile import load_job_file  # noqa: E402
-from shardflow.tools.demo import write_synthetic_shards  # noqa: E402
+from shardflow.tools.demo import shards_spec, write_synthetic_shards  # noqa: E402
 
 JOB_FILE = REPO / "jobs" / "augment.py"
 
@@ -203,7 +203,7 @@ def main() -> None:
 
     scratch = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bench-jobs-"))
     inputs = write_synthetic_shards(scratch / "in", args.shards, args.per_shard)
-    spec = str(scratch / "in" / f"train-{{000000..{args.shards - 1:06d}}}.tar")
+    spec = shards_spec(scratch / "in", args.shards)
     total = args.shards * args.per_shard
     print(f"{total} samples ({args.shards} shards x {args.per_shard}, 512x384 JPEG + json) on {os.cpu_count()} cores, "
           f"python {platform.python_version()}, load average {os.getloadavg()[0]:.1f}", flush=True)

@@ -161,14 +161,13 @@ def main() -> None:
 
     import ray
 
-    from shardflow.tools.demo import write_synthetic_shards
+    from shardflow.tools.demo import shard_name, shards_spec, write_synthetic_shards
 
     scratch = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bench-ray-"))
-    names = [scratch / "in" / f"train-{i:06d}.tar" for i in range(args.shards)]
-    if not all(p.exists() for p in names):
+    inputs = [str(scratch / "in" / shard_name("train", i)) for i in range(args.shards)]
+    if not all(os.path.exists(p) for p in inputs):  # kept from an earlier run with --dir
         write_synthetic_shards(scratch / "in", args.shards, args.per_shard)
-    inputs = [str(p) for p in names]
-    spec = str(scratch / "in" / f"train-{{000000..{args.shards - 1:06d}}}.tar")
+    spec = shards_spec(scratch / "in", args.shards)
     total = args.shards * args.per_shard
     started = time.perf_counter()
     ray.init(address="local", num_cpus=WORKERS, include_dashboard=False, log_to_driver=False)  # our own Ray

@@ -132,7 +132,7 @@ def main() -> None:
     ap.add_argument("--only", choices=["tiny", "augment"])
     args = ap.parse_args()
 
-    from shardflow.tools.demo import write_synthetic_shards
+    from shardflow.tools.demo import shards_spec, write_synthetic_shards
     from tests.support.slurm import start_cluster
 
     scratch = Path(tempfile.mkdtemp(prefix="bench-slurm-"))
@@ -166,7 +166,7 @@ def main() -> None:
                 print(f"  {name:22s} median {wall / n * 1000:7.1f} ms wall/task, {cpu / n * 1000:7.1f} ms CPU/task")
         if args.only in (None, "augment"):
             write_synthetic_shards(scratch / "aug", args.shards, args.per_shard)
-            spec = str(scratch / "aug" / f"train-{{000000..{args.shards - 1:06d}}}.tar")
+            spec = shards_spec(scratch / "aug", args.shards)
             job_file = REPO / "jobs" / "augment.py"
             variants = {
                 "processes (2 workers)": runner(job_file, spec, scratch / "a1", "processes", workers=2),

@@ -17,6 +17,11 @@ best and median of --repeat (CPU time: median, all processes involved):
                  the system calls release the GIL), writeback started every 8 MiB and fsync at the
                  end (as shardflow's local shards)
   sha256         hashing the input alone, one thread (what a receipt costs by itself)
+  parse          shardflow's tar reader alone: read_samples over the shard, nothing written (the least
+                 per-sample Python any job pays: headers parsed, members grouped into samples)
+  parse + frame  the bound of a job's main thread without the job: read_samples -> TarWriter (sha256 receipt
+                 in its thread, fsync, atomic rename), sample by sample, no fn, no encoder, no seeding, no
+                 run directory (issue 28 item 3: how close per-sample Python can come to copy + sha256)
   shardflow blake3 / xxh3  the shardflow row with checksum="blake3" / "xxh3_128" (the `checksums` extra)
   copy + blake3  the copy floor with a BLAKE3 receipt
 
@@ -144,6 +149,21 @@ def run_copy_sha256(srcs: list[str], out: str, checksum: str = "sha256") -> None
         digest.hexdigest()
 
 
+def run_parse(srcs: list[str], out: str) -> None:
+    for src in srcs:
+        for _ in sf.read_samples(src):
+            pass
+
+
+def run_parse_frame(srcs: list[str], out: str) -> None:
+    from shardflow.shards.samples import sample_members
+
+    for i, src in enumerate(srcs):
+        with TarWriter(os.path.join(out, f"o-{i:03d}.tar")) as w:
+            for sample in sf.read_samples(src):
+                w.write_members(sample_members(sample))
+
+
 def run_sha256(srcs: list[str], out: str) -> None:
     for src in srcs:
         digest = hashlib.sha256()
@@ -165,6 +185,8 @@ METHODS = {
     "shardflow xxh3": lambda srcs, out: run_shardflow_checksum(srcs, out, "xxh3_128"),
     "copy + blake3": lambda srcs, out: run_copy_sha256(srcs, out, "blake3"),
     "sha256": run_sha256,
+    "parse": run_parse,
+    "parse + frame": run_parse_frame,
 }
 
 

@@ -4,12 +4,13 @@ backend's workers or cluster, shutdown), and its CPU with every descendant's (ge
 children) is divided by N. A run of the same backend over one shard gives the fixed part, so the table
 shows both the all-in figure and the per-task increment.
 
-  processes       job.run("processes", workers=2): the default (a run of raw bytes this small runs in
-                  the driver: backends/local.py `_in_driver`)
-  processes-pool  the same with SHARDFLOW_ALWAYS_POOL=1 (the pool of 2 workers, whatever the size)
+  processes       job.run("processes"): the default (a run of raw bytes this small, with no worker count
+                  given, runs in the driver: backends/local.py `_in_driver`)
+  processes-pool  job.run("processes", workers=2) with SHARDFLOW_ALWAYS_POOL=1 (the pool of 2 workers)
   dask            job.run("dask", workers=2): its own LocalCluster, started and stopped inside
 
     .venv/bin/python bench/bench_tiny_tasks.py --tasks 10000
+    .venv/bin/python bench/bench_tiny_tasks.py --tasks 3000 --tasks-repeat 3   # medians of 3, rotated order
     .venv/bin/python bench/bench_tiny_tasks.py --reshard-mb 12 --repeat 5   # item 5: the fixed start cost
 """
 
@@ -19,6 +20,7 @@ import argparse
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,8 +39,9 @@ def noop(sample):
     return sample
 
 if __name__ == "__main__":
-    backend, spec, out = sys.argv[1:4]
-    report = sf.ShardJob(noop, spec, out + "/{name}.tar").run(backend, workers=2, progress=False)
+    backend, spec, out, workers = sys.argv[1:5]
+    given = {} if workers == "-" else {"workers": int(workers)}
+    report = sf.ShardJob(noop, spec, out + "/{name}.tar").run(backend, progress=False, **given)
     assert report.ok, str(report)
 """
 
@@ -54,12 +57,13 @@ def make_inputs(folder: str, tasks: int) -> None:
                 writer.write({"__key__": f"k{i:06d}", "txt": b"x"})
 
 
-def children_cpu() -> float:
+def children_cpu() -> tuple[float, float]:
+    """(user, system) CPU seconds of the reaped children."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+    return usage.ru_utime, usage.ru_stime
 
 
-def _orphan_cpu(driver: "subprocess.Popen[bytes]", seen: dict[int, float]) -> None:
+def _orphan_cpu(driver: "subprocess.Popen[bytes]", seen: dict[int, tuple[float, float]]) -> None:
     """Poll the driver's fork server (it is never reaped by the driver, so getrusage misses it and the
     pool's workers it reaped): its CPU with its reaped children's, last seen before it exits."""
     import psutil
@@ -71,7 +75,7 @@ def _orphan_cpu(driver: "subprocess.Popen[bytes]", seen: dict[int, float]) -> No
                 try:
                     if "forkserver" in " ".join(proc.cmdline()):
                         t = proc.cpu_times()
-                        seen[proc.pid] = t.user + t.system + t.children_user + t.children_system
+                        seen[proc.pid] = (t.user + t.children_user, t.system + t.children_system)
                 except psutil.Error:
                     pass
             time.sleep(0.02)
@@ -79,10 +83,13 @@ def _orphan_cpu(driver: "subprocess.Popen[bytes]", seen: dict[int, float]) -> No
         pass
 
 
-def run(backend: str, spec: str, out: str, script: str | None) -> tuple[float, float]:
-    """(CPU seconds of the whole process tree, wall seconds) of one fresh run (`script`, or without one
-    `shardflow run reshard` from the command line). getrusage counts the driver and what it reaped;
-    the fork server (and through it the pool's workers) is polled."""
+def run(backend: str, spec: str, out: str, script: str | None) -> tuple[float, float, float]:
+    """(CPU seconds of the whole process tree, wall seconds, of the CPU the system part) of one fresh run
+    (`script`, or without one `shardflow run reshard` from the command line). getrusage counts the
+    driver and what it reaped; the fork server (and through it the pool's workers) is polled.
+
+    `script` runs: processes with no worker count (a raw-bytes run this small runs in the driver),
+    processes-pool with SHARDFLOW_ALWAYS_POOL=1 and workers=2, others with workers=2."""
     shutil.rmtree(out, ignore_errors=True)
     env = dict(os.environ)
     if backend == "processes-pool":
@@ -90,36 +97,38 @@ def run(backend: str, spec: str, out: str, script: str | None) -> tuple[float, f
     else:
         env.pop("SHARDFLOW_ALWAYS_POOL", None)
     name = "processes" if backend.startswith("processes") else backend
-    command = [sys.executable, script, name, spec, out] if script else [
+    command = [sys.executable, script, name, spec, out, "-" if backend == "processes" else "2"] if script else [
         sys.executable, "-m", "shardflow.cli", "run", "reshard", "--inputs", spec, "--outputs",
         out + "/{name}.tar", "--backend", name, "--no-progress"]
     before, started = children_cpu(), time.perf_counter()
     driver = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.DEVNULL)
-    seen: dict[int, float] = {}
+    seen: dict[int, tuple[float, float]] = {}
     _orphan_cpu(driver, seen)
     if driver.wait() != 0:
         raise SystemExit(f"{backend} run failed")
-    return children_cpu() - before + sum(seen.values()), time.perf_counter() - started
+    wall = time.perf_counter() - started
+    after = children_cpu()
+    user = after[0] - before[0] + sum(u for u, _ in seen.values())
+    system = after[1] - before[1] + sum(s for _, s in seen.values())
+    return user + system, wall, system
 
 
 def small_run(root: str, total_mb: float, repeat: int) -> None:
     """The fixed start cost: a small passthrough from the command line, processes against serial."""
-    import statistics
-
     from bench_speed import make_shard
 
     for i in range(4):
         make_shard(os.path.join(root, f"in-{i:03d}.tar"), 60_000, int(total_mb * 1e6 / 4))
     spec = os.path.join(root, "in-{000..003}.tar")
     backends = ["processes", "processes-pool", "serial"]
-    got: dict[str, list[tuple[float, float]]] = {b: [] for b in backends}
+    got: dict[str, list[tuple[float, float, float]]] = {b: [] for b in backends}
     for round_ in range(repeat):
         for backend in backends[round_ % 3:] + backends[:round_ % 3]:
             got[backend].append(run(backend, spec, os.path.join(root, "out"), None))
     print(f"`shardflow run reshard`, 4 shards, {total_mb:g} MB, medians of {repeat}, load {os.getloadavg()[0]:.1f}")
     print("| backend | wall s | CPU s (all processes) |\n|---|---:|---:|")
     for backend, runs in got.items():
-        wall, cpu = statistics.median(w for _, w in runs), statistics.median(c for c, _ in runs)
+        wall, cpu = statistics.median(r[1] for r in runs), statistics.median(r[0] for r in runs)
         print(f"| {backend} | {wall:.2f} | {cpu:.2f} |")
 
 
@@ -132,6 +141,8 @@ def main() -> None:
                     help="instead: `shardflow run reshard` over 4 shards of this many MB in all (60 KB samples), "
                          "--repeat times per backend (processes, serial), rotated")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--tasks-repeat", type=int, default=1,
+                    help="repetitions of the --tasks runs, backends in rotated order (medians)")
     args = ap.parse_args()
     root = tempfile.mkdtemp(prefix="bench-tiny-", dir=args.tmp)
     try:
@@ -143,14 +154,26 @@ def main() -> None:
         make_inputs(os.path.join(root, "in"), args.tasks)
         many = os.path.join(root, "in", f"t-{{000000..{args.tasks - 1:06d}}}.tar")
         one = os.path.join(root, "in", "t-000000.tar")
-        print(f"{args.tasks} one-sample shards, no-op job, load {os.getloadavg()[0]:.1f}", flush=True)
-        print("| backend | all in: CPU ms / task | wall s | fixed (1 task): CPU s | increment: CPU ms / task |")
-        print("|---|---:|---:|---:|---:|")
-        for backend in args.backends.split(","):
-            fixed, _ = run(backend, one, os.path.join(root, "out1"), script)
-            cpu, wall = run(backend, many, os.path.join(root, "out"), script)
-            print(f"| {backend} | {cpu / args.tasks * 1e3:.2f} | {wall:.1f} | {fixed:.2f} | "
-                  f"{(cpu - fixed) / (args.tasks - 1) * 1e3:.2f} |", flush=True)
+        backends = args.backends.split(",")
+        repeat = args.tasks_repeat
+        print(f"{args.tasks} one-sample shards, no-op job, {repeat} rep(s) in rotated order, "
+              f"load {os.getloadavg()[0]:.1f}", flush=True)
+        fixed = {b: run(b, one, os.path.join(root, "out1"), script)[0] for b in backends}
+        got: dict[str, list[tuple[float, float, float]]] = {b: [] for b in backends}
+        for round_ in range(repeat):
+            shift = round_ % len(backends)
+            for backend in backends[shift:] + backends[:shift]:
+                got[backend].append(run(backend, many, os.path.join(root, "out"), script))
+        print("| backend | all in: CPU ms / task (median; each rep) | of it system | wall s | fixed (1 task): CPU s "
+              "| increment: CPU ms / task |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for backend, runs in got.items():
+            cpu, wall = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+            system = statistics.median(r[2] for r in runs)
+            each = ", ".join(f"{r[0] / args.tasks * 1e3:.2f}" for r in runs)
+            print(f"| {backend} | {cpu / args.tasks * 1e3:.2f} ({each}) | {system / args.tasks * 1e3:.2f} | "
+                  f"{wall:.1f} | {fixed[backend]:.2f} | {(cpu - fixed[backend]) / (args.tasks - 1) * 1e3:.2f} |",
+                  flush=True)
         print(f"load after {os.getloadavg()[0]:.1f}")
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -48,7 +48,7 @@ from shardflow.rundir.records import TaskRecord  # noqa: E402
 from shardflow.rundir.run_dir import RunDir  # noqa: E402
 from shardflow.rundir.stats import Stats  # noqa: E402
 from shardflow.rundir.status import read_status  # noqa: E402
-from shardflow.rundir.summaries import SPAN, block_of, write_block  # noqa: E402
+from shardflow.rundir.summaries import SPAN, block_of, summary_name, write_block  # noqa: E402
 from shardflow.shards.writer import remove_stale_temps  # noqa: E402
 
 PYTHON = sys.executable
@@ -303,7 +303,8 @@ if options is not None:
     import s3fs
     fs = s3fs.S3FileSystem(**options)
     fs.connect()
-    fs.s3.meta.events.register("before-send.s3", lambda request=None, **_: counts.update([request.method]))
+    fs.s3.meta.events.register("before-send.s3", lambda request=None, **_: counts.update(
+        ["LIST" if request.method == "GET" and "list-type=2" in request.url else request.method]))
 sys.path.insert(1, {fn_dir!r})
 from resume_fn import copy
 from shardflow.job.shard_job import ShardJob
@@ -353,18 +354,38 @@ def realistic_run_dir(n: int, base: str, options: dict | None) -> tuple[str, str
     return spec, out
 
 
+def kept_run_dir(n: int, base: str, options: dict | None) -> tuple[str, str]:
+    """realistic_run_dir, built once under `base` and reused by later runs (--keep): a no-op resume leaves
+    it as it found it, whichever code ran it (both write the same summaries), and a 1M-task run dir takes
+    minutes to build."""
+    _resume_fn()  # the module the children import the job's fn from
+    built = Path(base) / "built.json"
+    if options is None and built.exists():
+        found = json.loads(built.read_text())
+        return found["spec"], found["out"]
+    spec, out = realistic_run_dir(n, base, options)
+    if options is None:
+        built.write_text(json.dumps({"spec": spec, "out": out}))
+    return spec, out
+
+
+def _resume_once(repo: str, options: dict | None, spec: str, out: str, n: int) -> dict[str, Any]:
+    """One no-op resume of the code at `repo`, in a fresh process: wall, CPU, peak RSS, S3 requests."""
+    code = _RESUME_CHILD.format(repo=repo, options=options, spec=spec, out=out, n=n, fn_dir=_FN_DIR)
+    done = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, env=dict(os.environ))
+    if done.returncode != 0:
+        raise SystemExit(f"resume ({repo}) failed: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def resume_rows(n: int, base: str, options: dict | None, repos: dict[str, str], reps: int) -> list[dict[str, Any]]:
     """A no-op resume (`job.run` with every task done) in a fresh process per repo and rep, rotated."""
-    spec, out = realistic_run_dir(n, base, options)
+    spec, out = kept_run_dir(n, base, options)
     rows: dict[str, list[dict[str, Any]]] = {label: [] for label in repos}
     labels = list(repos)
     for rep in range(reps):
         for label in labels[rep % len(labels):] + labels[:rep % len(labels)]:
-            code = _RESUME_CHILD.format(repo=repos[label], options=options, spec=spec, out=out, n=n, fn_dir=_FN_DIR)
-            done = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, env=dict(os.environ))
-            if done.returncode != 0:
-                raise SystemExit(f"resume ({label}) failed: {done.stderr[-2000:]}")
-            rows[label].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            rows[label].append(_resume_once(repos[label], options, spec, out, n))
     out_rows = []
     for label, found in rows.items():
         median = sorted(found, key=lambda r: r["wall_s"])[len(found) // 2]
@@ -415,11 +436,98 @@ def resume_main(args: argparse.Namespace, tmp: str) -> list[dict[str, Any]]:
                 for row in resume_rows(n, f"s3://{bucket}/j", options, repos, args.reps):
                     rows.append({"store": "s3", "N": n, **row})
                     print(json.dumps(rows[-1]), flush=True)
+        for n in [int(x) for x in args.s3_status.split(",") if x]:
+            if server is None:
+                server, endpoint = start_s3(args, tmp)
+                options = {"client_kwargs": {"endpoint_url": endpoint}}
+            import fsspec
+
+            bucket = f"status-{uuid.uuid4().hex[:8]}"
+            fsspec.filesystem("s3", **options).mkdir(bucket)
+            for row in s3_status_rows(n, f"s3://{bucket}/j", options, args.reps):
+                rows.append({"store": "s3", "N": n, **row})
         for n in [int(x) for x in args.resume_k8s.split(",") if x]:
             rows += k8s_rows(n, tmp, repos)
     finally:
         if server is not None:
             server.stop()
+    return rows
+
+
+# -- issue 28 item 7: status, one `status --watch` poll and a no-op resume at 100k tasks on S3 ----------------
+# The run dir an Indexed Job of automatic K (10 at 100k tasks) leaves: every task's marker in run_task's shape
+# and its records/ name, and each pod's summary of its K tasks; nothing merged them. The output folder is
+# left empty here (none of the three reads it now: the stored plan skips the output checks); PUTs go in
+# batches of S3_BATCH through a client with 128 connections (SeaweedFS answers each in ~40-80 ms here).
+
+S3_BATCH = 4_000
+POD_K = 10
+
+
+class ListingRequests(Requests):
+    """Requests, with a LIST (a GET with list-type=2) counted as LIST."""
+
+    def _count(self, request: Any = None, **_: Any) -> None:
+        listing = request.method == "GET" and "list-type=2" in request.url
+        self.counts["LIST" if listing else request.method] += 1
+
+
+def _s3_put(fs: Any, files: dict[str, bytes]) -> None:
+    items = list(files.items())
+    for start in range(0, len(items), S3_BATCH):
+        fs.pipe(dict(items[start:start + S3_BATCH]))
+
+
+def indexed_job_run_dir(n: int, base: str, options: dict) -> tuple[str, str, float]:
+    """The S3 run dir of N tasks after an Indexed Job of POD_K tasks per pod: (input spec, output folder,
+    PUTs per second while building it)."""
+    spec, out = f"{base}/in/in-{{000000..{n - 1:06d}}}.tar", f"{base}/out"
+    job = ShardJob(_resume_fn(), spec, f"{out}/{{name}}.tar", storage_options=options, maxcount=10)
+    job.prepare()
+    rd = job.rundir()
+    import fsspec
+
+    # the builder's own client with a bigger connection pool (botocore's default, 10, halves the PUT rate)
+    put_fs = fsspec.filesystem("s3", **options, config_kwargs={"max_pool_connections": 128}, skip_instance_cache=True)
+    t0, puts = time.perf_counter(), 0
+    for first in range(0, n, 10 * S3_BATCH):
+        files: dict[str, bytes] = {}
+        for pod in range(first // POD_K, min(n, first + 10 * S3_BATCH) // POD_K):
+            records = [_record(t, out) for t in range(pod * POD_K, (pod + 1) * POD_K)]
+            for r in records:
+                files[f"{rd.path}/{done_file(r['task'])}"] = json.dumps(r).encode()
+                files[f"{rd.path}/{_task_record_name(r['task'])}"] = b""
+            block = block_of(pod * POD_K, (pod + 1) * POD_K, ((Stats.from_json(r["stats"]), r["outputs"])
+                                                              for r in records))
+            files[f"{rd.path}/{summary_name(block.first, block.stop)}"] = json.dumps(
+                block.to_json(), indent=1, sort_keys=True).encode()
+        _s3_put(put_fs, files)
+        puts += len(files)
+        print(f"# {puts} objects in {time.perf_counter() - t0:.0f} s", flush=True)
+    return spec, out, puts / (time.perf_counter() - t0)
+
+
+def s3_status_rows(n: int, base: str, options: dict, reps: int) -> list[dict[str, Any]]:
+    """status (read_status), one --watch poll (the next read_status in the same process, as `status
+    --watch` makes it) and a no-op resume (a fresh process), after the Indexed Job and again after the
+    first report merged the pod summaries into SPAN summaries (what every later reader sees)."""
+    spec, out, rate = indexed_job_run_dir(n, base, options)
+    rows: list[dict[str, Any]] = [{"what": f"built: {n} markers + records, {n // POD_K} pod summaries",
+                                   "puts_per_s": round(rate)}]
+    print(json.dumps(rows[-1]), flush=True)
+    requests = ListingRequests()
+    run_dir = f"{base}/out/_shardflow"
+    for state in ("after an Indexed Job", "after the first report"):
+        for _ in range(reps):
+            requests.hook(RunDir(run_dir, options).fs._fs)  # the same (cached) s3fs client read_status gets
+            requests.take()
+            rows.append(measure(f"status, {state}", lambda: read_status(run_dir, options), requests))
+            rows.append(measure(f"--watch poll, {state}", lambda: read_status(run_dir, options), requests))
+            print(json.dumps(rows[-2]), json.dumps(rows[-1]), flush=True)
+        for _ in range(1 if state == "after an Indexed Job" else reps):  # the first one changes the state
+            rows.append({"what": f"no-op resume, {state} (fresh process)",
+                         **_resume_once(str(REPO), options, spec, out, n)})
+            print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
@@ -461,13 +569,19 @@ def main() -> None:
     parser.add_argument("--resume-k8s", default="1000000", help="--resume: k8s --no-prepare N")
     parser.add_argument("--before", default=None, help="--resume: a checkout of the code to compare with")
     parser.add_argument("--reps", type=int, default=3, help="--resume: repetitions (rotated order, median)")
+    parser.add_argument("--s3-status", default="", help="--resume: N for status, a --watch poll and a no-op resume "
+                        "on S3 after an Indexed Job (e.g. 100000)")
+    parser.add_argument("--keep", default=None, help="--resume: build the local run dirs in this folder once, "
+                        "keep them and reuse them in later runs (removed by hand)")
     args = parser.parse_args()
     if args.resume:
-        tmp = tempfile.mkdtemp(prefix="bench-resume-", dir=args.tmp)
+        tmp = args.keep or tempfile.mkdtemp(prefix="bench-resume-", dir=args.tmp)
+        os.makedirs(tmp, exist_ok=True)
         try:
             rows = resume_main(args, tmp)
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if not args.keep:
+                shutil.rmtree(tmp, ignore_errors=True)
         print("\n# results (wall/CPU seconds, peak RSS of the resuming process; compare within this run)")
         for row in rows:
             print(json.dumps(row))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import pickletools
 import queue
 import signal
 import sys
@@ -16,11 +15,15 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import cloudpickle
 
+from shardflow.backends.forkserver import mp_context
+from shardflow.backends.groups import GroupSizer, take_group
 from shardflow.errors import FailureKind
 from shardflow.job.progress import Progress
 from shardflow.rundir.pids import pid_alive
+from shardflow.rundir.stats import Stats
 from shardflow.rundir.tasks import Task, TaskResult
 from shardflow.storage.paths import is_local, local_path
+from shardflow.task.context import TaskContext
 from shardflow.task.devices import gpu_plan, pin_worker
 from shardflow.task.run_task import run_task
 from shardflow.task.threads import THREAD_VARIABLES, apply_threads
@@ -33,8 +36,11 @@ def execute_serial(job: "ShardJob", tasks: list[Task], progress: Progress,
                    gpus_per_worker: int | None = None) -> Iterator[TaskResult]:
     """Run tasks one after another in this process (debuggable: breakpoints work in fn); it uses the GPUs
     this process sees (gpus_per_worker is accepted for a uniform command line and ignored)."""
+    if not tasks:
+        return
+    context = job.task_context()  # made once, not by run_task for every task
     for task in tasks:
-        yield run_task(task, job, progress=progress.add_samples)
+        yield run_task(task, context, progress=progress.add_samples)
 
 
 # -- processes -------------------------------------------------------------------------------------
@@ -75,90 +81,6 @@ def _exit_with_driver(driver: int, parent: int) -> None:
         time.sleep(1.0)
         if os.getppid() != parent or not pid_alive(driver):
             os._exit(1)
-
-
-# Modules worth importing once in the fork server rather than in every worker, when the driver uses them.
-_PRELOAD = ("numpy", "PIL.Image", "simplejpeg", "fsspec", "torch", "torchvision", "torchvision.transforms.v2",
-            "torchvision.models", "shardflow.task.run_task",
-            "shardflow.codecs", "shardflow.backends.local")
-# ... and those every task imports in a worker anyway (seeding, temp names, local files, unpickling the
-# job): imported once in the server, not once per worker, i.e. once per job run (issue 16).
-_WORKER_NEEDS = ("numpy.random", "secrets", "fsspec.implementations.local", "shardflow.job.shard_job",
-                 "shardflow.storage.openers")
-
-
-def _mp_context(job_bytes: bytes = b"") -> "multiprocessing.context.BaseContext":
-    """How worker processes start: `forkserver` where the platform has it, else `spawn`.
-
-    Workers fork from a server process that imported, once, the heavy modules the job needs (torch
-    above all: about 2 CPU-seconds per process), so N workers start in milliseconds instead of
-    importing N times. The server is a fresh interpreter that ran no torch op, so forking it is safe;
-    the driver itself, which may hold threads, is never forked.
-    """
-    _quiet_resource_tracker()
-    if "forkserver" in multiprocessing.get_all_start_methods():
-        context = multiprocessing.get_context("forkserver")
-        preload = _preload_for(job_bytes)
-        context.set_forkserver_preload(preload)
-        return context
-    return multiprocessing.get_context("spawn")
-
-
-def _quiet_resource_tracker() -> None:
-    """Start multiprocessing's resource tracker with its "leaked semaphore objects" warning filtered.
-
-    When the driver is killed (SIGKILL, OOM), the tracker removes the pool's semaphores, which is its
-    job, and then warned "There appear to be 8 leaked semaphore objects to clean up at shutdown": a
-    scary line after a kill that leaks nothing. The tracker is a separate interpreter started with the
-    driver's -W options (sys.warnoptions), so the filter goes there, for that process only.
-    """
-    from multiprocessing import resource_tracker
-
-    option = "ignore:resource_tracker:UserWarning"
-    added = option not in sys.warnoptions
-    if added:
-        sys.warnoptions.append(option)
-    try:
-        resource_tracker.ensure_running()
-    finally:
-        if added:
-            sys.warnoptions.remove(option)
-
-
-def _preload_for(job_bytes: bytes) -> list[str]:
-    """The modules the fork server imports: those of _PRELOAD the driver imported (torch and torchvision
-    only when the pickled job also names them: its function's module globals, a decode spec such as
-    "torchrgb"), plus shardflow's and what every task imports.
-
-    A driver that imported torch for its own reasons (a notebook, a training script) no longer makes
-    a passthrough job's server import it: 1.5-2 s more start, on every run, before any task. The image
-    libraries (numpy, PIL, simplejpeg) cost tens of ms and any decoding job needs them: kept as before.
-    Without the job's bytes (empty), every module the driver imported, as before.
-    """
-    texts = _pickle_texts(job_bytes) if job_bytes else None
-    preload = []
-    for name in _PRELOAD:
-        if name.startswith("shardflow"):
-            preload.append(name)
-        elif name in sys.modules and (texts is None or not name.startswith("torch")
-                                      or any(text.startswith("torch") for text in texts)):
-            preload.append(name)
-    return preload + list(_WORKER_NEEDS)
-
-
-def _pickle_texts(data: bytes) -> set[str]:
-    """The names the pickle holds: modules of its globals, and string values that are one dotted name
-    (cloudpickle's subimport("torch"), a decode spec); not prose such as the source text it carries."""
-    texts: set[str] = set()
-    try:
-        for opcode, arg, _ in pickletools.genops(data):
-            if opcode.name == "GLOBAL":
-                texts.add(str(arg).split()[0])  # "module name"
-            elif isinstance(arg, str) and arg.replace(".", "_").isidentifier():
-                texts.add(arg)
-    except Exception:  # noqa: BLE001 - a pickle we cannot walk: preload as the driver imported
-        return set(sys.modules)
-    return texts
 
 
 # A run this small on a job that reads raw bytes (no decode: passthrough, the shell tools' split, cat -o,
@@ -216,23 +138,61 @@ def _worker_threads(workers: int) -> int:
     return 1
 
 
+_FLUSH_S = 0.2  # sample counts leave a worker at most this often (and at the end of each call)
+_unsent = 0  # samples counted in this worker and not yet sent to the driver
+_sent_at = 0.0
+
+
 def _report_samples(count: int) -> None:
-    if _worker_queue is not None:
-        _worker_queue.put(count)
+    """run_task's progress callback: counts to the driver at most every _FLUSH_S (a group of tiny tasks
+    sends a few messages, not one per task; a long task's counts still move the bar as they come)."""
+    global _unsent
+    _unsent += count
+    if time.monotonic() - _sent_at >= _FLUSH_S:
+        _send_samples()
 
 
-def _run_in_worker(task: Task) -> TaskResult:
-    global _worker_busy
+def _send_samples() -> None:
+    global _unsent, _sent_at
+    if _worker_queue is not None and _unsent:
+        _worker_queue.put(_unsent)
+    _unsent, _sent_at = 0, time.monotonic()
+
+
+def _run_group(tasks: list[Task]) -> list[tuple[TaskResult, float]]:
+    """What each pool call runs: one task or a group of tiny ones (backends.groups), each through
+    run_task alone and recorded alone (its marker, its result): (result, seconds on this worker) per
+    task run. The group stops early at a result that ends the run (TaskResult.stops_run): its later
+    tasks are left to the driver."""
+    global _worker_context
     assert _worker_job is not None
+    if _worker_context is None:  # the job's TaskContext, made once per worker as on Dask and Ray
+        _worker_context = _worker_job.task_context()
+    results: list[tuple[TaskResult, float]] = []
+    try:
+        for task in tasks:
+            started = time.perf_counter()
+            result = _run_in_worker(task, _worker_context)
+            results.append((result, time.perf_counter() - started))
+            if result.stops_run(_worker_context.spec.on_error):
+                break
+    finally:
+        _send_samples()
+    return results
+
+
+def _run_in_worker(task: Task, context: TaskContext) -> TaskResult:
+    global _worker_busy
     if _worker_stopping:  # interrupted: tasks already queued to this worker end at once, unstarted
         return TaskResult.failed(task.id, "interrupted before it started", FailureKind.IO)
     _worker_busy = True
     try:
-        return run_task(task, _worker_job, progress=_report_samples)
+        return run_task(task, context, progress=_report_samples)
     finally:
         _worker_busy = False
 
 
+_worker_context: TaskContext | None = None
 _worker_busy = False
 _worker_stopping = False
 
@@ -258,8 +218,9 @@ def default_workers() -> int:
 def execute_processes(job: "ShardJob", tasks: list[Task], progress: Progress, *,
                       workers: int | None = None, gpus_per_worker: int | None = None) -> Iterator[TaskResult]:
     """Run tasks on `workers` processes (default: one per core; a GPU job: one per GPU slot of
-    `gpus_per_worker` GPUs, each pinned to its own), at most 2 queued per worker; a run too small to
-    pay for starting them runs here instead (`_in_driver`; SHARDFLOW_ALWAYS_POOL=1 turns that off)."""
+    `gpus_per_worker` GPUs, each pinned to its own), at most 2 calls queued per worker, tiny tasks
+    several per call (backends.groups: one submission and one result message per group); a run too
+    small to pay for starting them runs here instead (`_in_driver`; SHARDFLOW_ALWAYS_POOL=1 turns that off)."""
     if not tasks:
         return
     gpus = gpu_plan(job.spec.device, gpus_per_worker)
@@ -268,7 +229,7 @@ def execute_processes(job: "ShardJob", tasks: list[Task], progress: Progress, *,
         return
     workers = max(1, min(workers or (gpus.workers if gpus else default_workers()), len(tasks)))
     job_bytes = cloudpickle.dumps(job)
-    context = _mp_context(job_bytes)
+    context = mp_context(job_bytes)
     counts = context.Queue()
     slots = None if gpus is None else context.Queue()
     for slot in gpus.slots if gpus else ():
@@ -276,36 +237,18 @@ def execute_processes(job: "ShardJob", tasks: list[Task], progress: Progress, *,
     threads = gpus.threads(workers) if gpus else _worker_threads(workers)
     pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
                                initargs=(job_bytes, counts, threads, os.getpid(), slots))
-    remaining = iter(tasks)
-    running: dict[Future, Task] = {}
+    calls = _PoolCalls(pool, tasks, workers)
     clean = False
-    finished_any = False
     try:
-        for task in remaining:
-            running[pool.submit(_run_in_worker, task)] = task
-            if len(running) >= 2 * workers:
-                break
-        while running:
-            finished, _ = wait(running, timeout=0.5, return_when=FIRST_COMPLETED)
+        calls.top_up()
+        while calls.running:
+            finished, _ = wait(calls.running, timeout=0.5, return_when=FIRST_COMPLETED)
             _drain(counts, progress)
             for future in finished:
-                task = running.pop(future)
-                try:
-                    result = future.result()
-                except BrokenProcessPool:
-                    # a worker died (SIGKILL, out of memory): its tasks are unfinished, a rerun redoes them
-                    error = "worker process died (killed or out of memory)"
-                    if not finished_any:
-                        error += _startup_hint()
-                    for lost in [task, *running.values()]:
-                        yield TaskResult.failed(lost.id, error, FailureKind.IO)
-                    running.clear()
+                yield from calls.collect(future, job)
+                if not calls.running and calls.broken:  # a worker died: every call in flight was reported
                     break
-                finished_any = True
-                next_task = next(remaining, None)
-                if next_task is not None:
-                    running[pool.submit(_run_in_worker, next_task)] = next_task
-                yield result
+                calls.top_up()  # after the consumer took them: one that stops at a result submits nothing more
         _drain(counts, progress)
         clean = True
     finally:
@@ -314,7 +257,70 @@ def execute_processes(job: "ShardJob", tasks: list[Task], progress: Progress, *,
                 if process.is_alive():
                     os.kill(process.pid, signal.SIGINT)
         pool.shutdown(wait=True, cancel_futures=True)
+        if clean:
+            _drain(counts, progress)  # the last counts a worker flushed as it ended its call
         counts.close()
+
+
+class _PoolCalls:
+    """The calls in flight on the pool: groups of tasks taken in plan order (backends.groups: one task
+    per call until tasks are measured, then tiny ones together), at most 2 per worker."""
+
+    def __init__(self, pool: ProcessPoolExecutor, tasks: list[Task], workers: int) -> None:
+        self.pool, self.workers = pool, workers
+        self.remaining = list(reversed(tasks))  # popped from the end: plan order
+        self.running: dict[Future, list[Task]] = {}
+        self.sizer = GroupSizer()
+        self.finished_any = False
+        self.broken = False  # a worker died: the pool takes no more calls
+
+    def top_up(self) -> None:
+        while self.remaining and not self.broken and len(self.running) < 2 * self.workers:
+            group = take_group(self.remaining, self.sizer.size(len(self.remaining), self.workers), frozenset())
+            try:
+                self.running[self.pool.submit(_run_group, group)] = group
+            except BrokenProcessPool:  # a worker just died: the calls in flight say so when collected
+                self.remaining.extend(reversed(group))
+                return
+
+    def collect(self, future: Future, job: "ShardJob") -> list[TaskResult]:
+        """The results of a finished call; when a worker died, a result for every task in flight (the
+        pool is broken: nothing runs any more)."""
+        group = self.running.pop(future)
+        try:
+            value = future.result()
+        except BrokenProcessPool:
+            # a worker died (SIGKILL, out of memory): its tasks are unfinished, a rerun redoes them
+            error = "worker process died (killed or out of memory)"
+            if not self.finished_any:
+                error += _startup_hint()
+            lost = [task for call in [group, *self.running.values()] for task in call]
+            self.running.clear()
+            self.broken = True
+            return [_finished_or_failed(job, task, error) for task in lost]
+        self.finished_any = True
+        results = []
+        for result, seconds in value:
+            if result.status == "done":
+                self.sizer.measured(seconds)
+            results.append(result)
+        # tasks after one that ends the run were not started: back in the queue, they run only if the
+        # consumer goes on (run_job stops at that result, so they stay pending for a rerun)
+        self.remaining.extend(reversed(group[len(value):]))
+        return results
+
+
+def _finished_or_failed(job: "ShardJob", task: Task, error: str) -> TaskResult:
+    """A task of a call whose worker died: done, from its marker, when it finished before the death
+    (a group's earlier tasks), else failed (kind io: a rerun redoes it)."""
+    try:
+        run_dir = job.rundir()
+        if run_dir.is_done(task.id):
+            record = run_dir.read_done(task.id)
+            return TaskResult(task.id, "done", Stats.from_json(record["stats"]), record["outputs"])
+    except Exception:  # noqa: BLE001 - cannot tell: reported failed, and a rerun skips it if it is done
+        pass
+    return TaskResult.failed(task.id, error, FailureKind.IO)
 
 
 def _startup_hint() -> str:

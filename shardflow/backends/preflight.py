@@ -1,19 +1,31 @@
-"""What a cluster backend (Dask, Ray) concludes from its workers' preflight answers: one owner.
+"""The preflight of a cluster backend (Dask, Ray): the question each worker answers and what the driver
+concludes from the answers, one owner for both.
 
-Each backend asks every worker (Dask) or node (Ray) once, its own way, whether it can import shardflow
-and see the run directory and the inputs (backends/dask/on_worker.worker_check, backends/ray/on_worker.
-node_check). The answers mean the same on both, and so do the messages a user gets: one line naming
-the machines and what to do, instead of every task failing there.
+Each backend asks every worker (Dask: client.run) or node (Ray: a task pinned to it) once, its own
+way, to run `worker_check`: can it import shardflow, see the run directory and the inputs. The answers
+mean the same on both, and so do the messages a user gets (`judge_answers`): one line naming the
+machines and what to do, instead of every task failing there.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, Iterable
 
-from shardflow.backends.dask.wire import missing_module_message
+from shardflow.backends.paths import probe
+from shardflow.backends.wire import missing_module_message
 from shardflow.errors import JobError
+from shardflow.rundir.layout import PLAN
 from shardflow.version import __version__
+
+
+def worker_check(run_dir_path: str | None, probes: Iterable[tuple[str, str, Any]] = ()) -> dict[str, Any]:
+    """On a worker: can it see the run directory and the inputs (backends.paths.input_probes); which
+    shardflow and Python it has."""
+    seen = None if run_dir_path is None else os.path.exists(os.path.join(run_dir_path, PLAN))
+    blind = [why for why in (probe(*p) for p in probes) if why is not None]
+    return {"sees_run_dir": seen, "blind_inputs": blind, "shardflow": __version__, "python": sys.version.split()[0]}
 
 
 def judge_answers(answers: Iterable[tuple[str, Any]], machine: str, run_dir: str) -> None:

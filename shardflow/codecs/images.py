@@ -2,24 +2,25 @@
 arrays and tensors.
 
 Decoding takes simplejpeg's faster path for RGB JPEGs when it is installed. Encoding uses Pillow
-only (never simplejpeg), so the bytes do not depend on optional extras; PNG at compress levels 0-1
-goes through a small writer of its own (`encode_png_fast`), 2-4x faster than Pillow's filter search,
-whose deflate engine (`png_deflate`: ISA-L by default, or zlib) is an explicit option (codecs.deflate).
+(never simplejpeg), so the bytes do not depend on optional extras, except for 8-bit L/RGB/RGBA PNG,
+which shardflow's own writer makes (codecs.png: 1.5-4x faster than Pillow's encoder): at levels 2-9
+Pillow's bytes exactly, at levels 0-1 its own, deflated by the engine `png_deflate` names
+(codecs.deflate).
 """
 
 from __future__ import annotations
 
 import functools
 import io
-import zlib
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from shardflow.codecs.deflate import check_engine, deflate
+from shardflow.codecs.deflate import check_engine
 from shardflow.codecs.planes import preload as preload_planes
 from shardflow.codecs.planes import to_planes
+from shardflow.codecs.png import encode_png
 from shardflow.codecs.tensors import import_torch, is_tensor, tensor_to_numpy
 
 IMAGE_EXTENSIONS = frozenset(
@@ -169,7 +170,7 @@ class ImageOptions:
     jpeg_quality: int = 90
     png_compress_level: int = 1
     webp_quality: int = 90
-    png_deflate: str = "isal"  # the fast PNG writer's deflate engine at level 1 (codecs.deflate)
+    png_deflate: str = "isal"  # the PNG writer's deflate engine at level 1 (codecs.deflate)
 
     def __post_init__(self) -> None:
         limits = (("jpeg_quality", 1, 100), ("png_compress_level", 0, 9), ("webp_quality", 0, 100))
@@ -268,10 +269,9 @@ def encode_image(last: str, value: Any, opts: ImageOptions) -> bytes:
             img = img.convert("L" if img.mode in ("1", "LA", "I;16") else "RGB")  # JPEG has no alpha
         params["quality"] = opts.jpeg_quality
     elif fmt == "PNG":
-        if opts.png_compress_level <= _FAST_PNG_MAX_LEVEL:
-            fast = encode_png_fast(img, opts.png_compress_level, opts.png_deflate)
-            if fast is not None:
-                return fast
+        own = encode_png(img, opts.png_compress_level, opts.png_deflate)
+        if own is not None:
+            return own
         params["compress_level"] = opts.png_compress_level
     elif fmt == "WEBP":
         params["quality"] = opts.webp_quality
@@ -284,37 +284,3 @@ def encode_image(last: str, value: Any, opts: ImageOptions) -> bytes:
     buf = io.BytesIO()
     img.save(buf, fmt, **params)
     return buf.getvalue()
-
-
-# PNG colour types of the 8-bit modes the fast writer handles; other modes go through Pillow.
-_FAST_PNG_COLOR = {"L": 0, "RGB": 2, "RGBA": 6}
-_FAST_PNG_MAX_LEVEL = 1  # the "fast, for intermediate shards" levels; higher levels want Pillow's sizes
-
-
-def _png_chunk(tag: bytes, data: bytes) -> bytes:
-    return len(data).to_bytes(4, "big") + tag + data + zlib.crc32(tag + data).to_bytes(4, "big")
-
-
-def encode_png_fast(img: Any, level: int, engine: str = "isal") -> bytes | None:
-    """PNG of an 8-bit L/RGB/RGBA image, every row with the Up filter, deflated at ``level`` (0 or 1) by
-    ``engine`` (codecs.deflate); None: use Pillow.
-
-    Pillow tries all five PNG filters on every row and keeps the best, which costs more than the
-    compression itself at levels 0-1: for a 512x384 photo this writer is 2-4x faster with zlib, with
-    files about as large (smaller on smooth images, within a few percent on noisy ones), and ISA-L
-    deflates 10-15x faster again. Standard PNG (IHDR, one IDAT, IEND), byte-for-byte reproducible for a
-    given engine and version.
-    """
-    color = _FAST_PNG_COLOR.get(img.mode)
-    if color is None or img.width == 0 or img.height == 0:
-        return None
-    arr = np.asarray(img)
-    height = arr.shape[0]
-    flat = arr.reshape(height, -1)
-    raw = np.empty((height, flat.shape[1] + 1), np.uint8)
-    raw[:, 0] = 2  # filter type Up: each byte minus the byte above it, modulo 256
-    raw[0, 1:] = flat[0]
-    np.subtract(flat[1:], flat[:-1], out=raw[1:, 1:])
-    header = img.width.to_bytes(4, "big") + img.height.to_bytes(4, "big") + bytes((8, color, 0, 0, 0))
-    return (b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", header) + _png_chunk(b"IDAT", deflate(raw, level, engine))
-            + _png_chunk(b"IEND", b""))

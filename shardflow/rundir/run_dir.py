@@ -44,7 +44,7 @@ from shardflow.rundir.plan_store import (  # noqa: F401 - PLAN_VERSION, plan_fin
 from shardflow.rundir.plan_table import as_json
 from shardflow.rundir.summaries import summary_ranges
 from shardflow.rundir.tasks import Task, TaskResult
-from shardflow.storage.atomic import write_local_atomic
+from shardflow.storage.atomic import publish_chunks, write_local_atomic
 from shardflow.storage.options import redact_urls_deep
 from shardflow.storage.paths import filesystem, is_local
 from shardflow.storage.retrying_fs import RetryingFileSystem, run_dir_retry
@@ -103,6 +103,18 @@ class RunDir:
             write_local_atomic(path, data, tag=TEMP_TAG)
         else:
             self.fs.pipe_file(path, data)  # one PUT: object stores publish it whole or not at all
+            if self._known is not None:
+                self._known.add(name)
+
+    def write_chunks(self, name: str, chunks: Iterable[bytes]) -> None:
+        """write_bytes for a file made piece by piece (summary.json at a million shards), never whole in
+        memory: temp + fsync + rename locally, one upload that publishes whole or not at all on object
+        stores (storage.atomic.publish_chunks)."""
+        path = self._path(name)
+        if self._local:
+            write_local_atomic(path, chunks, tag=TEMP_TAG)
+        else:
+            publish_chunks(self.fs, path, chunks)
             if self._known is not None:
                 self._known.add(name)
 

@@ -11,7 +11,7 @@ instead of one marker per task (O(N / SPAN) reads at any N), and markers only wh
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Iterator, Union
 
 from shardflow.rundir.layout import SUMMARIES, RunFiles, done_file
 from shardflow.rundir.stats import Stats
@@ -73,43 +73,128 @@ def summary_ranges(names: Iterable[str]) -> list[tuple[int, int]]:
     return chosen
 
 
-def read_blocks(run_dir: RunFiles, tasks: int) -> dict[int, Block]:
-    """Non-overlapping summaries inside [0, tasks), keyed by first task id (larger ranges preferred)."""
-    chosen = [r for r in summary_ranges(run_dir.list_names(SUMMARIES)) if r[1] <= tasks]
-    blocks: dict[int, Block] = {}
-    for (first, stop), record in zip(chosen, run_dir.read_many([summary_name(f, s) for f, s in chosen])):
-        if record is not None:
-            blocks[first] = Block(first, stop, Stats.from_json(record.get("stats", {})), record.get("shards", []))
-    return blocks
+READ_TASKS = 1_000  # tasks' worth of summaries parsed at a time: memory flat at any N
+
+
+@dataclass
+class Summary:
+    """A per-chunk summary as read back: its range, merged stats and shard count. `shards` is kept only
+    where asked (a summary about to be merged into a SPAN summary); the report refers to the file by
+    `name` otherwise and reads it again when its shards are iterated."""
+
+    first: int
+    stop: int
+    stats: Stats
+    count: int
+    shards: list[dict[str, Any]] | None = None
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.first
+
+    @property
+    def name(self) -> str:
+        return summary_name(self.first, self.stop)
+
+
+def read_summaries(run_dir: RunFiles, tasks: int, *, skip: Callable[[int, int], bool] = lambda f, s: False,
+                   keep_shards: Callable[[int, int], bool] = lambda f, s: False) -> Iterator[Summary]:
+    """Non-overlapping summaries inside [0, tasks), in order (larger ranges preferred), but for the
+    ranges `skip` names; read READ_TASKS tasks' worth at a time (concurrently on object stores), so
+    memory stays flat: only the stats and shard counts are kept, the shards where `keep_shards` says.
+    A summary gone since the listing is left out (its tasks are read from their markers)."""
+    chosen = [r for r in summary_ranges(run_dir.list_names(SUMMARIES)) if r[1] <= tasks and not skip(*r)]
+    start = 0
+    while start < len(chosen):
+        end, size = start, 0
+        while end < len(chosen) and (end == start or size + chosen[end][1] - chosen[end][0] <= READ_TASKS):
+            size += chosen[end][1] - chosen[end][0]
+            end += 1
+        batch = chosen[start:end]
+        for (first, stop), record in zip(batch, run_dir.read_many([summary_name(f, s) for f, s in batch])):
+            if record is not None:
+                shards = record.get("shards") or []
+                yield Summary(first, stop, Stats.from_json(record.get("stats", {})), len(shards),
+                              shards if keep_shards(first, stop) else None)
+        start = end
+
+
+Piece = Union[Summary, list]  # a summary read back, or shard entries in memory (a task's outputs)
 
 
 class SpanWriter:
-    """Collects consecutive done tasks and writes a summary for each SPAN-aligned range found whole."""
+    """Collects consecutive done tasks and writes a summary for each SPAN-aligned range found whole.
 
-    def __init__(self, run_dir: RunFiles, tasks: int, existing: Iterable[tuple[int, int]]) -> None:
-        self.run_dir, self.tasks, self.existing = run_dir, tasks, set(existing)
-        self.block: Block | None = None
+    `flush` hands each span's pieces to `emit` in order: the span's new summary when it was written
+    (unless a piece was added `kept`: this run's outputs as its tasks returned them, URLs unredacted),
+    otherwise what was added (in-memory entries of consecutive tasks joined into one list), so a
+    caller can keep references to files instead of a million shard entries."""
+
+    def __init__(self, run_dir: RunFiles, tasks: int, emit: Callable[[Piece], None]) -> None:
+        self.run_dir, self.tasks, self.emit = run_dir, tasks, emit
+        self.first: int | None = None
+        self.pieces: list[Piece] = []
+        self.stats = Stats()
         self.count = 0
+        self.kept = False
         self.written = 0
 
-    def add(self, first: int, size: int, stats: Stats, shards: list[dict[str, Any]]) -> None:
-        """Tasks [first, first + size) are done with these merged stats and shards."""
+    @staticmethod
+    def merges(first: int, stop: int, tasks: int) -> bool:
+        """Whether a summary of [first, stop) would be merged into a bigger SPAN summary (its shards
+        are then needed): it lies inside one SPAN range and is not that whole range."""
         start = first - first % SPAN
-        if self.block is None or self.block.first != start:
+        return stop <= start + SPAN and (first, stop) != (start, min(start + SPAN, tasks))
+
+    def add(self, first: int, size: int, stats: Stats, piece: Piece, *, kept: bool = False) -> None:
+        """Tasks [first, first + size) are done with these merged stats and shard entries."""
+        start = first - first % SPAN
+        if self.first != start:
             self.flush()
-            self.block, self.count = Block(start, min(start + SPAN, self.tasks)), 0
-        if first + size > self.block.stop:  # a pod's chunk across a SPAN boundary: leave this range
+            self.first, self.count = start, 0
+        self.pieces.append(piece)
+        self.kept |= kept
+        if first + size > min(start + SPAN, self.tasks):  # a pod's chunk across a SPAN boundary: leave this range
             self.count = -self.tasks
             return
-        self.block.stats.merge(stats)
-        self.block.shards.extend(shards)
+        self.stats.merge(stats)
         self.count += size
 
     def flush(self) -> None:
-        block, self.block = self.block, None
-        if block is not None and self.count == block.size and (block.first, block.stop) not in self.existing:
+        first, pieces, stats, kept = self.first, self.pieces, self.stats, self.kept
+        self.first, self.pieces, self.stats, self.kept = None, [], Stats(), False
+        if first is None:
+            return
+        stop = min(first + SPAN, self.tasks)
+        whole = self.count == stop - first
+        if whole and not (len(pieces) == 1 and isinstance(pieces[0], Summary) and pieces[0].size == stop - first):
+            block = Block(first, stop, stats, [e for p in pieces for e in self._entries(p)])
             write_block(self.run_dir, block)
             self.written += 1
+            if not kept:
+                self.emit(Summary(first, stop, stats, len(block.shards)))
+                return
+        entries: list[dict[str, Any]] | None = None
+        for piece in pieces:
+            if isinstance(piece, list):
+                if entries is None:
+                    entries = list(piece)  # a copy: the task's own outputs list is not extended
+                else:
+                    entries.extend(piece)
+                continue
+            if entries is not None:
+                self.emit(entries)
+                entries = None
+            self.emit(Summary(piece.first, piece.stop, piece.stats, piece.count))  # shards dropped: read again
+        if entries is not None:
+            self.emit(entries)
+
+    def _entries(self, piece: Piece) -> list[dict[str, Any]]:
+        if isinstance(piece, list):
+            return piece
+        if piece.shards is not None:
+            return piece.shards
+        return list(self.run_dir.read_json(piece.name).get("shards") or [])
 
 
 def merged_done(run_dir: RunFiles, tasks: int, done_ids: set[int]) -> tuple[Stats, int]:
@@ -117,10 +202,10 @@ def merged_done(run_dir: RunFiles, tasks: int, done_ids: set[int]) -> tuple[Stat
     they exist, markers (fetched in batches) elsewhere."""
     stats, shards = Stats(), 0
     covered = [False] * tasks
-    for block in read_blocks(run_dir, tasks).values():
-        stats.merge(block.stats)
-        shards += len(block.shards)
-        covered[block.first:block.stop] = [True] * block.size
+    for summary in read_summaries(run_dir, tasks):
+        stats.merge(summary.stats)
+        shards += summary.count
+        covered[summary.first:summary.stop] = [True] * summary.size
     rest = sorted(t for t in done_ids if 0 <= t < tasks and not covered[t])
     for record in run_dir.read_many([done_file(t) for t in rest]):
         if record is not None:

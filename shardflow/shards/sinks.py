@@ -19,8 +19,11 @@ class HashingSink:
     With `threaded=True` (what TarWriter uses) the hashing and the writing each happen in a
     background thread, in order, while the caller goes on reading, parsing and encoding: sha256
     and the write system calls release the GIL, so with a spare core they cost little wall time.
-    At most `max_inflight` bytes (or one batch, when a batch is larger) wait for those threads, so
-    memory stays bounded. An error in the writing thread is raised by the next write() or drain().
+    At most `max_inflight` bytes wait for those threads when write_parts() returns (a larger batch is
+    waited for), so memory stays bounded; `settle()` waits for all of them. The threads let go of a
+    batch before they count it done, so a large sample settled is freed as soon as the caller drops
+    it (a 10 MB sample left in flight while the reader built the next two kept three in memory). An
+    error in the writing thread is raised by the next write() or drain().
     """
 
     def __init__(self, out: Any, hash_name: str | None, *, threaded: bool = False,
@@ -68,6 +71,17 @@ class HashingSink:
             for queue in self._queues:
                 queue.append(item)
             cond.notify_all()
+            while self._inflight > self._max_inflight and self._error is None:  # a batch over the bound
+                cond.wait()
+
+    def settle(self) -> None:
+        """Wait until every batch handed over so far was hashed and written (the threads go on), so
+        the caller can drop it and have it freed: TarWriter does after a sample with a large member,
+        before the next sample is read."""
+        if self._threads:
+            with self._cond:
+                while self._inflight and self._error is None:
+                    self._cond.wait()
 
     def _digest(self, parts: list[bytes]) -> None:
         update = self._hash.update  # type: ignore[union-attr]
@@ -112,8 +126,10 @@ class HashingSink:
                 with cond:
                     item[2] -= 1
                     if item[2] == 0:
+                        item[0] = None  # let go of the batch before it counts as done (see the class)
                         self._inflight -= item[1]
                         cond.notify_all()
+                item = None  # not held until the next batch comes
 
     def drain(self, discard: bool = False) -> None:
         """Wait until every batch was hashed and written (or dropped, with discard=True); raise

@@ -18,7 +18,7 @@ from shardflow.shards.tar_decompress import Decompressed, sniff
 
 _CHUNK = 1 << 20
 _MAX_READ = 16 << 20  # the most asked of the underlying stream at once, whatever a header says
-_DIRECT_READ = 4 << 20  # members at least this large are read from a local file in one piece
+_DIRECT_READ = 4 << 20  # members at least this large are read into one allocation (from a local file: one read)
 
 
 class Blocks:
@@ -75,6 +75,7 @@ class Blocks:
             return buf[pos : pos + n]
         if n >= _DIRECT_READ and self.seekable_file is not None:
             have = len(buf) - pos
+            del buf  # the old chunk is not kept while the member is read (1 MiB less at the peak)
             file = self.seekable_file
             file.seek(-have, io.SEEK_CUR)
             self._buf, self._pos = b"", 0
@@ -83,6 +84,8 @@ class Blocks:
             self.offset += len(data)
             self.short = len(data) < n
             return data
+        if _DIRECT_READ <= n <= _MAX_READ:
+            return self._read_whole(n)
         # Refill: the new chunk becomes the buffer as it is; only the n bytes asked for are joined
         # (the rest of the old buffer, by reference, and the head of the chunk), never the whole
         # chunk again: one copy of the shard's bytes less, and no fresh ~1 MiB buffer per refill.
@@ -105,6 +108,32 @@ class Blocks:
         self.offset += have
         self.short = have < n
         return data
+
+    def _read_whole(self, n: int) -> bytes:
+        """A large read from a stream that cannot step back (compressed, remote, a pipe): what is
+        buffered, then the stream in pieces of at most 1 MiB, each copied into one n-byte buffer that
+        becomes the result. Joining the pieces held the member twice for a moment (a 10 MB member of
+        a gzipped shard or through a pipe: +10 MB at the peak). n is at most _MAX_READ, which bounds
+        what a lying header gets allocated, as the chunked refill does. io.BytesIO over a fresh
+        bytes object lends that object out writable and getvalue() hands it back without a copy
+        (CPython; elsewhere it copies, with the same bytes)."""
+        buf, pos = self._buf, self._pos
+        have = len(buf) - pos
+        whole = io.BytesIO(bytes(n))
+        view = whole.getbuffer()
+        view[:have] = memoryview(buf)[pos:]
+        self._buf, self._pos = b"", 0
+        del buf  # the old chunk is not kept while the rest is read
+        while have < n:
+            piece = self._raw(min(n - have, _CHUNK))
+            if not piece:
+                break
+            view[have : have + len(piece)] = piece
+            have += len(piece)
+        view.release()  # no export left: getvalue() can hand the buffer on
+        self.offset += have
+        self.short = have < n
+        return whole.getvalue() if have == n else whole.getvalue()[:have]  # short: the stream ended
 
     def push_back(self, data: bytes) -> None:
         """Make `data` (just taken) the next bytes to be read again."""

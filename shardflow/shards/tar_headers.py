@@ -42,10 +42,10 @@ def checksum_ok(header: bytes) -> bool:
         stored = parse_number(header[148:156])
     except ValueError:
         return False
-    unsigned = byte_sum(header) - sum(header[148:156]) + 8 * 32
+    unsigned = byte_sum(header) - (adler32(header[148:156]) & 0xFFFF) + 1 + 8 * 32  # the field's sum, in C
     if stored == unsigned:
         return True
-    signed = unsigned - 2 * sum(b for b in header if b > 127)  # old tars summed signed chars
+    signed = unsigned - 256 * sum(1 for b in header if b > 127)  # old tars summed signed chars: b - 256
     return stored == signed
 
 
@@ -74,12 +74,15 @@ def pax_records(data: bytes, url: str, offset: int) -> dict[str, str]:
 
 
 def header_name(header: bytes) -> str:
-    """The name a ustar header holds itself (prefix + name), without pax or GNU long names."""
-    name = cstring(header[0:100]).decode("utf-8", "surrogateescape")
-    if header[257:263] == b"ustar\x00":
+    """The name a ustar header holds itself (prefix + name), without pax or GNU long names.
+
+    Read once per member: the name's end is found in place, and the prefix field (empty unless its
+    first byte is set) is only sliced when it holds something."""
+    end = header.find(0, 0, 100)
+    name = header[: 100 if end < 0 else end].decode("utf-8", "surrogateescape")
+    if header[257:263] == b"ustar\x00" and len(header) > 345 and header[345]:
         prefix = cstring(header[345:500])
-        if prefix:
-            name = prefix.decode("utf-8", "surrogateescape") + "/" + name
+        name = prefix.decode("utf-8", "surrogateescape") + "/" + name
     return name
 
 

@@ -20,10 +20,14 @@ from shardflow.shards.sinks import HashingSink
 from shardflow.shards.tar_headers import BLOCK
 from shardflow.shards.tar_write import GzipStage, TarStreamWriter
 from shardflow.storage.atomic import temp_glob, temp_name
+from shardflow.storage.file_value import FileValue
 from shardflow.storage.paths import filesystem, join
 from shardflow.storage.protocols import protocol_of
 from shardflow.storage.publish import AtomicOutput, open_atomic
 from shardflow.storage.schemes import open_write
+
+# A sample with a member this large is hashed and written before TarWriter.write returns (see there).
+_SETTLE_FROM = 4 << 20
 
 __all__ = ["Encode", "ShardInfo", "ShardWriter", "TarWriter", "format_shard_name", "remove_stale_temps",
            "sample_tar_size"]
@@ -126,9 +130,16 @@ class TarWriter(OneShard):
         if self.closed:
             raise ValueError(f"{self.url} is closed")
         before = self._tar.bytes_written
+        large = False
         try:
             for name, data in members:
                 self._tar.add(name, data)
+                large = large or (len(data) >= _SETTLE_FROM and not isinstance(data, FileValue))
+            if large and self._gzip is None:
+                # hashed and written before we return (add() handed it on: it is over the batch size),
+                # so the caller's copy is the only one, freed before it reads the next sample
+                # (issue 28.6: three 10 MB samples alive at once, else)
+                self._sink.settle()
         except OSError as exc:
             raise ShardIOError(f"write failed: {exc}", url=self.url) from exc
         self.nsamples += 1

@@ -1,4 +1,4 @@
-"""The one temp-name convention, and atomic publication of small local files.
+"""The one temp-name convention, and atomic publication of local files (and of big streamed objects).
 
 Whatever shardflow writes under a final name (a shard, a run-directory file, a cached shard) is first
 written to a hidden sibling and renamed in only when whole, so a reader sees the old content or the
@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import uuid
+from typing import Any, Iterable
 
 from shardflow.storage.local_files import open_write_named
 
@@ -69,16 +70,19 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def write_local_atomic(path: str, data: bytes, *, fsync: bool = True, tag: str = "") -> None:
+def write_local_atomic(path: str, data: bytes | Iterable[bytes], *, fsync: bool = True, tag: str = "") -> None:
     """Write a local file so readers see the old content or the new, never a truncated one.
 
+    `data`: the bytes, or chunks of them (a file too big to hold whole, e.g. summary.json at a million
+    shards); an exception while they are made leaves no temp and the old file in place.
     `tag` marks the temp (`.<name>.tmp-<tag>-<random>`) so its owner can clean up exactly its own."""
     folder = os.path.dirname(path) or "."
     os.makedirs(folder, exist_ok=True)
     temp = temp_name(path, tag, unique=True)
     try:
         with open_write_named(temp, path) as f:  # a full disk names `path`
-            f.write(data)
+            for chunk in (data,) if isinstance(data, (bytes, bytearray, memoryview)) else data:
+                f.write(chunk)
             if fsync:
                 f.flush()
                 os.fsync(f.fileno())
@@ -88,4 +92,40 @@ def write_local_atomic(path: str, data: bytes, *, fsync: bool = True, tag: str =
             os.unlink(temp)
         except FileNotFoundError:
             pass
+        raise
+
+
+def publish_chunks(fs: Any, path: str, chunks: Iterable[bytes], *, small: int = 8 << 20) -> None:
+    """Write `chunks` to `path` on an object store so that it appears whole or not at all.
+
+    Up to `small` bytes: one `pipe_file` (a single PUT, retried like any call of `fs`). Larger: one
+    upload through `fs.open(path, "wb")` (a multipart upload on s3fs, gcsfs), which publishes the
+    object only when closed; if making or sending a chunk fails, the upload is discarded (the
+    multipart upload aborted) and marked closed, so neither the error nor garbage collection (an
+    fsspec file commits in `__del__`) publishes a partial object. The large upload is not retried
+    across an outage as `pipe_file` is (its parts are retried by the store's client)."""
+    buffered: list[bytes] = []
+    size = 0
+    iterator = iter(chunks)
+    for chunk in iterator:
+        buffered.append(chunk)
+        size += len(chunk)
+        if size > small:
+            break
+    else:
+        fs.pipe_file(path, b"".join(buffered))
+        return
+    f = fs.open(path, "wb")
+    try:
+        for chunk in buffered:
+            f.write(chunk)
+        del buffered[:]
+        for chunk in iterator:
+            f.write(chunk)
+        f.close()  # publishes (completes the multipart upload)
+    except BaseException:
+        try:
+            f.discard()
+        finally:
+            f.closed = True
         raise

@@ -232,6 +232,7 @@ def _stream_input(url: str, context: TaskContext, processor: SampleProcessor | B
                 writer.write(encoded)
                 stats.samples_out += 1
             counter.add()
+            sample = encoded = None  # let go before the next is read: a large sample is freed first (28.6)
     except (FormatError, SampleError) as exc:
         failures.note(exc, exc.url or url, exc.key, "read")  # errors/ names where it broke
         raise TaskFailed(str(exc), FailureKind.INPUT) from exc

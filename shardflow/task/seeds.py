@@ -8,6 +8,7 @@ tasks per process in threads should draw from `sample_rng(sample)`, which is pri
 
 from __future__ import annotations
 
+import _random
 import contextlib
 import hashlib
 import random
@@ -25,7 +26,7 @@ def stable_seed(*parts: Any) -> int:
 
     Keys are data: a member name that is not UTF-8 (latin-1 file names) reaches here with its bytes
     surrogate-escaped, and is encoded back to those bytes rather than refused."""
-    text = "\x1f".join(map(str, parts))
+    text = "\x1f".join([part if type(part) is str else str(part) for part in parts])  # str(a str) is itself
     digest = hashlib.blake2b(text.encode("utf-8", "surrogateescape"), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
 
@@ -62,9 +63,20 @@ def sample_rng(sample: dict[str, Any], kind: str = "numpy") -> Any:
     raise ValueError(f"kind must be numpy, python or torch, not {kind!r}")
 
 
+# `random.seed(n)` for an int n is Random.seed's Python wrapper around the C seeding, then
+# `gauss_next = None`; done here without the wrapper's type checks (seed_globals runs once per sample:
+# ~1 us of ~4). The generator's state is the one random.seed(n) leaves, bit for bit (tests/task/test_seeds.py).
+_GLOBAL_RANDOM = random._inst  # type: ignore[attr-defined]  # the instance behind random.random() & co.
+_SEED_C = _random.Random.seed
+
+
 def seed_globals(seed: int) -> None:
     """Seed the global generators too, so code that calls random/np.random/torch is reproducible."""
-    random.seed(seed)
+    if type(seed) is int:
+        _SEED_C(_GLOBAL_RANDOM, seed)
+        _GLOBAL_RANDOM.gauss_next = None
+    else:
+        random.seed(seed)
     np.random.seed(seed & 0xFFFFFFFF)
     torch = sys.modules.get("torch")
     if torch is not None:

@@ -70,7 +70,7 @@ def write_synthetic_shards(directory: str | os.PathLike[str], shards: int = 4, s
     paths = []
     index = 0
     for shard in range(shards):
-        path = directory / f"{name}-{shard:06d}.tar"
+        path = directory / shard_name(name, shard)
         with TarWriter(str(path)) as writer:
             for _ in range(samples_per_shard):
                 slot = index if distinct is None else index % distinct
@@ -82,6 +82,16 @@ def write_synthetic_shards(directory: str | os.PathLike[str], shards: int = 4, s
                 index += 1
         paths.append(str(path))
     return paths
+
+
+def shard_name(name: str, shard: int) -> str:
+    """The file name write_synthetic_shards gives shard number `shard`."""
+    return f"{name}-{shard:06d}.tar"
+
+
+def shards_spec(directory: str | os.PathLike[str], shards: int, name: str = "train") -> str:
+    """The brace-range input spec of the `shards` shards write_synthetic_shards wrote into `directory`."""
+    return str(Path(directory) / f"{name}-{{000000..{shards - 1:06d}}}.tar")
 
 
 def read_keys(urls: Iterable[str]) -> list[str]:

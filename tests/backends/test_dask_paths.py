@@ -96,7 +96,7 @@ def test_limit_threads_sets_the_variables_and_torch(tmp_path):
 
 
 def test_one_probe_per_input_folder_or_bucket(tmp_path, monkeypatch):
-    from shardflow.backends.dask.paths import absolute, absolute_task, input_probes, probe
+    from shardflow.backends.paths import absolute, absolute_task, input_probes, probe
     from shardflow.rundir.tasks import Task
 
     monkeypatch.chdir(tmp_path)

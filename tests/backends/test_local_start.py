@@ -9,7 +9,7 @@ import cloudpickle
 import pytest
 
 import shardflow as sf
-from shardflow.backends.local import _preload_for
+from shardflow.backends.forkserver import preload_for
 from shardflow.shards.samples import read_samples
 from tests.support.jobs import make_shards, spec, tars, write_job
 
@@ -68,13 +68,13 @@ def test_always_pool_keeps_the_workers(tmp_path, monkeypatch):
 def test_the_fork_server_preloads_what_the_job_names(tmp_path):
     pytest.importorskip("torch")  # imported by this driver for its own reasons
     plain = sf.ShardJob(_stamp, "a.tar", "b.tar")
-    assert "torch" not in _preload_for(cloudpickle.dumps(plain))
-    assert "shardflow.task.run_task" in _preload_for(cloudpickle.dumps(plain))
-    assert "torch" in _preload_for(cloudpickle.dumps(sf.ShardJob(_stamp, "a.tar", "b.tar", decode="torchrgb")))
+    assert "torch" not in preload_for(cloudpickle.dumps(plain))
+    assert "shardflow.task.run_task" in preload_for(cloudpickle.dumps(plain))
+    assert "torch" in preload_for(cloudpickle.dumps(sf.ShardJob(_stamp, "a.tar", "b.tar", decode="torchrgb")))
     job_file = write_job(tmp_path, """
         import torch
 
         def process(sample):
             return {"__key__": sample["__key__"], "pt": torch.zeros(1)}
     """)
-    assert "torch" in _preload_for(cloudpickle.dumps(sf.load_job(job_file, "a.tar", "b.tar")))
+    assert "torch" in preload_for(cloudpickle.dumps(sf.load_job(job_file, "a.tar", "b.tar")))

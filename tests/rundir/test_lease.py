@@ -24,7 +24,7 @@ import pytest
 from shardflow.rundir.layout import LEASE
 from shardflow.rundir.lease import LeaseHeld
 from shardflow.rundir.pids import process_identity
-from tests.support.jobs import cli, cli_env, cli_popen, make_shards, spec, write_job
+from tests.support.jobs import cli, cli_env, cli_popen, serial_job_setup, write_job
 
 SLOW_JOB = """
     import os, time
@@ -118,11 +118,7 @@ def test_of_drivers_taking_over_a_dead_lease_on_s3_exactly_one_wins(s3_server, s
 
 @pytest.fixture()
 def setup(tmp_path):
-    make_shards(tmp_path / "in", 6, 1)
-    job = write_job(tmp_path, SLOW_JOB, "slow.py")
-    out = tmp_path / "out"
-    args = ["--inputs", spec(tmp_path / "in", "in", 6), "--outputs", str(out / "{name}.tar"), "-b", "serial"]
-    return tmp_path, job, args, out / "_shardflow"
+    return serial_job_setup(tmp_path, SLOW_JOB, "slow.py", 6, 1)
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from shardflow.rundir.layout import LEASE
-from tests.support.jobs import cli, cli_popen, make_shards, spec, tars, write_job
+from tests.support.jobs import cli, cli_popen, serial_job_setup, tars
 
 COPY_JOB = """
     import time
@@ -28,11 +28,7 @@ COPY_JOB = """
 
 @pytest.fixture()
 def setup(tmp_path):
-    make_shards(tmp_path / "in", 2, 3)
-    job = write_job(tmp_path, COPY_JOB, "copy.py")
-    out = tmp_path / "out"
-    args = ["--inputs", spec(tmp_path / "in", "in", 2), "--outputs", str(out / "{name}.tar"), "-b", "serial"]
-    return tmp_path, job, args, out / "_shardflow"
+    return serial_job_setup(tmp_path, COPY_JOB, "copy.py", 2, 3)
 
 
 def _wait_for(path: Path, timeout: float = 60) -> None:

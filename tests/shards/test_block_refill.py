@@ -82,7 +82,7 @@ def test_fork_server_preloads_name_real_modules():
     quietly move its import back into every worker of every job."""
     import importlib
 
-    from shardflow.backends.local import _PRELOAD, _WORKER_NEEDS
+    from shardflow.backends.forkserver import PRELOAD, WORKER_NEEDS
 
-    for name in _WORKER_NEEDS + tuple(n for n in _PRELOAD if n.startswith("shardflow")):
+    for name in WORKER_NEEDS + tuple(n for n in PRELOAD if n.startswith("shardflow")):
         importlib.import_module(name)

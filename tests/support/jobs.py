@@ -68,6 +68,17 @@ def write_job(directory: Path, body: str, name: str = "job.py") -> Path:
     return path
 
 
+def serial_job_setup(tmp_path: Path, body: str, job_name: str, shards: int, per_shard: int,
+                     ) -> tuple[Path, Path, list[str], Path]:
+    """A job file and `shards` input shards under tmp_path, and the `shardflow run JOB` arguments that run
+    it serially into tmp_path/out: (tmp_path, job file, args, the default run directory)."""
+    make_shards(tmp_path / "in", shards, per_shard)
+    job = write_job(tmp_path, body, job_name)
+    out = tmp_path / "out"
+    args = ["--inputs", spec(tmp_path / "in", "in", shards), "--outputs", str(out / "{name}.tar"), "-b", "serial"]
+    return tmp_path, job, args, out / "_shardflow"
+
+
 def tars(directory: Path) -> list[Path]:
     """Final (non-temp) tar files under a directory, sorted."""
     return sorted(p for p in directory.rglob("*.tar") if TEMP_MARK not in p.name)

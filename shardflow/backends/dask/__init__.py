@@ -31,6 +31,5 @@ How it works (docs/dask.md has the user's view):
 """
 
 from shardflow.backends.dask.client import execute_dask
-from shardflow.backends.dask.wire import dumps_job, missing_module_message
 
-__all__ = ["execute_dask", "dumps_job", "missing_module_message"]
+__all__ = ["execute_dask"]

@@ -7,13 +7,12 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, Iterator
 
-from shardflow.backends.dask.on_worker import worker_check
-from shardflow.backends.dask.paths import absolute, absolute_task, input_probes
 from shardflow.backends.dask.resources import check_resources, task_resources
 from shardflow.backends.dask.submit import DaskRun, import_distributed
 from shardflow.backends.dask.waiting import wait_for_workers
 from shardflow.backends.groups import GroupSizer
-from shardflow.backends.preflight import judge_answers
+from shardflow.backends.paths import absolute_run_dir, absolute_task, input_probes
+from shardflow.backends.preflight import judge_answers, worker_check
 from shardflow.errors import JobError
 from shardflow.job.progress import Progress
 from shardflow.rundir.tasks import Task, TaskResult
@@ -54,9 +53,17 @@ def _connect(address: str | None, client: Any, workers: int | None, threads_per_
 #   threshold, so every buffer over 128 KiB (a decoded image, a tensor, a PNG) is a fresh mmap whose
 #   pages fault in and are zeroed, and is unmapped when freed. The augment job's workers took ~1/3
 #   more CPU with it (12x the page faults, sys time 30 % of their CPU; docs/dask.md). The nannies
-#   live in this process and export their variables into it, so they reached later local runs too.
+#   live in this process and export their variables into it, so they reached later local runs too;
+# - the housekeeping of every scheduler, nanny and worker less often: the event loop's health tick
+#   (default every 20 ms, for an "unresponsive event loop" warning after 3 s) every second, the system
+#   monitor (CPU, memory, network and disk counters for the dashboard, default 500 ms) every 2 s, the
+#   memory monitor (pause at 80 %, restart at 95 %, default 100 ms) every 500 ms. An idle LocalCluster
+#   of 2 workers burned 8 % of a core with the defaults, ~1.5 % so (bench/README.md, Item 6): CPU a
+#   run pays for its whole length, ~1 ms a task for 3,000 tiny tasks at a loaded machine's pace.
 LOCAL_CLUSTER_CONFIG = {"distributed.scheduler.worker-saturation": 1.0, "distributed.worker.profile.enabled": False,
-                        "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}
+                        "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
+                        "distributed.admin.tick.interval": "1s", "distributed.admin.system-monitor.interval": "2s",
+                        "distributed.worker.memory.monitor-interval": "500ms"}
 
 
 def start_local_cluster(workers: int | None, threads_per_worker: int = 1, dashboard_address: str | None = ":8787",
@@ -99,16 +106,6 @@ def _preflight(client: Any, job: "ShardJob", tasks: list[Task]) -> None:
     judge_answers(sorted(answers.items()), "Dask worker", job.run_dir)
 
 
-def _absolute_run_dir(job: "ShardJob") -> "ShardJob":
-    """The job bound to its run directory's absolute path, when that is a relative local path."""
-    url = absolute(job.run_dir)
-    if url == job.run_dir:
-        return job
-    from shardflow.rundir.run_dir import RunDir
-
-    return job.at_run_dir(RunDir(url, job.options_for(url)))
-
-
 def execute_dask(job: "ShardJob", tasks: list[Task], progress: Progress, *, address: str | None = None,
                  client: Any = None, workers: int | None = None, threads_per_worker: int = 1,
                  max_in_flight: int | None = None, dashboard_address: str | None = ":8787",
@@ -136,7 +133,7 @@ def execute_dask(job: "ShardJob", tasks: list[Task], progress: Progress, *, addr
               f"{address or 'the given client'}", file=sys.stderr)
     sizer = GroupSizer(tasks_per_call)  # a bad value is refused before a cluster starts
     tasks = [absolute_task(t) for t in tasks]  # workers resolve relative paths in THEIR working directory
-    job = _absolute_run_dir(job)
+    job = absolute_run_dir(job)
     own_client = client is None
     client, cluster, scheduler = _connect(address, client, workers, threads_per_worker, dashboard_address,
                                           connect_timeout)

@@ -7,8 +7,6 @@ each task is `run_task(task, job)`, with sample counts sent back to the client a
 from __future__ import annotations
 
 import dataclasses
-import os
-import sys
 import threading
 import time
 import types
@@ -16,10 +14,8 @@ from typing import Any, Callable, Iterator
 
 import cloudpickle
 
-from shardflow.backends.dask.paths import probe
-from shardflow.backends.dask.wire import missing_module_message
+from shardflow.backends.wire import missing_module_message
 from shardflow.errors import FailureKind
-from shardflow.rundir.layout import PLAN
 from shardflow.rundir.tasks import Task, TaskResult
 from shardflow.task.context import TaskContext
 from shardflow.task.run_task import run_task
@@ -201,15 +197,6 @@ def _run(task: Task, job: TaskContext, reporter: _Reporter | None) -> TaskResult
         # this run (a worker that died after finishing it, before its result reached the client)
         result.status = "done"
     return result
-
-
-def worker_check(run_dir_path: str | None, probes: list[tuple[str, str, Any]] = ()) -> dict[str, Any]:
-    """Preflight on each worker: can it see the run directory and the inputs; which shardflow it has."""
-    from shardflow.version import __version__
-
-    seen = None if run_dir_path is None else os.path.exists(os.path.join(run_dir_path, PLAN))
-    blind = [why for why in (probe(*p) for p in probes) if why is not None]
-    return {"sees_run_dir": seen, "blind_inputs": blind, "shardflow": __version__, "python": sys.version.split()[0]}
 
 
 def _limit_threads() -> None:

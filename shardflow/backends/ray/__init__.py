@@ -25,8 +25,9 @@ How it works (docs/ray.md has the user's view):
   the driver reads every 0.5 s; the report is run_job's, as everywhere.
 - Closing the generator (Ctrl-C, the end of the run) cancels the Ray tasks in flight: a running one
   gets KeyboardInterrupt and aborts its temp outputs.
-- Paths: tasks and the run directory are made absolute (dask/paths.py), and on a cluster given by
-  address each live node checks once that it sees the run directory and the inputs (connect.preflight).
+- Paths: tasks and the run directory are made absolute (backends/paths.py), and on a cluster given by
+  address each live node checks once that it sees the run directory and the inputs (connect.preflight,
+  backends/preflight.py).
 """
 
 from shardflow.backends.ray.run import execute_ray

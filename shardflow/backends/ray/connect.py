@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from shardflow.backends.dask.paths import input_probes
+from shardflow.backends.paths import input_probes
 from shardflow.backends.preflight import judge_answers
 from shardflow.backends.ray.on_worker import node_check
 from shardflow.errors import JobError

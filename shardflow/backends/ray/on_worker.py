@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any
 
-from shardflow.backends.dask.wire import missing_module_message
+from shardflow.backends.wire import missing_module_message
 from shardflow.errors import FailureKind
 from shardflow.rundir.tasks import Task, TaskResult
 from shardflow.task.context import TaskContext
@@ -121,7 +121,7 @@ def run_on_ray(tasks: list[Task], box: list[Any], sink: Any) -> list[tuple[dict[
 
 
 def node_check(run_dir_path: str | None, probes: list[tuple[str, str, Any]]) -> dict[str, Any]:
-    """Preflight on one node: what the Dask backend's worker_check answers (run directory, inputs, version)."""
-    from shardflow.backends.dask.on_worker import worker_check
+    """Preflight on one node: backends.preflight.worker_check (run directory, inputs, version)."""
+    from shardflow.backends.preflight import worker_check
 
     return worker_check(run_dir_path, probes)

@@ -5,28 +5,17 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
-from shardflow.backends.dask.paths import absolute, absolute_task
-from shardflow.backends.dask.wire import dumps_job
 from shardflow.backends.groups import GroupSizer
+from shardflow.backends.paths import absolute_run_dir, absolute_task
 from shardflow.backends.ray.connect import connect, only_this_host, preflight, print_dashboard
 from shardflow.backends.ray.resources import DEFAULT_MAX_RETRIES, check_resources, parse_ray_args, task_options
 from shardflow.backends.ray.submit import RayRun
+from shardflow.backends.wire import dumps_job
 from shardflow.job.progress import Progress
 from shardflow.rundir.tasks import Task, TaskResult
 
 if TYPE_CHECKING:
     from shardflow.job.shard_job import ShardJob
-
-
-def _absolute_run_dir(job: "ShardJob") -> "ShardJob":
-    """The job bound to its run directory's absolute path, when that is a relative local path: a Ray
-    worker resolves relative paths in ITS working directory (as a Dask worker does: dask/paths.py)."""
-    url = absolute(job.run_dir)
-    if url == job.run_dir:
-        return job
-    from shardflow.rundir.run_dir import RunDir
-
-    return job.at_run_dir(RunDir(url, job.options_for(url)))
 
 
 def execute_ray(job: "ShardJob", tasks: list[Task], progress: Progress, *, address: str | None = None,
@@ -54,8 +43,8 @@ def execute_ray(job: "ShardJob", tasks: list[Task], progress: Progress, *, addre
     extra = dict(parse_ray_args(ray_args) or {})
     runtime_env = extra.pop("runtime_env", None) or runtime_env
     sizer = GroupSizer(tasks_per_call)  # a bad value is refused before a cluster starts
-    tasks = [absolute_task(t) for t in tasks]
-    job = _absolute_run_dir(job)
+    tasks = [absolute_task(t) for t in tasks]  # a Ray worker resolves relative paths in ITS working directory
+    job = absolute_run_dir(job)
     options = task_options(job, gpus_per_worker=gpus_per_worker, memory=memory, max_retries=max_retries,
                            ray_args=extra)
     if runtime_env and address is None:

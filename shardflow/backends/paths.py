@@ -1,9 +1,10 @@
-"""Paths as Dask workers must see them: absolute, and checked on the workers before any task runs.
+"""Paths as cluster workers (Dask, Ray) must see them: absolute, and checked on the workers before any
+task runs. One owner for both cluster backends (neither imports the other's folder).
 
-A Dask worker resolves a relative path against ITS working directory, not the client's: relative
-inputs looked missing, outputs and the run directory split in two (the client said "4 failed" while
-`shardflow status` said "4 pending"). So the tasks and the run directory a Dask run sends are made
-absolute on the client (plan.json keeps what the user wrote), and a preflight stats each distinct
+A worker resolves a relative path against ITS working directory, not the driver's: relative inputs
+looked missing, outputs and the run directory split in two (the client said "4 failed" while
+`shardflow status` said "4 pending"). So the tasks and the run directory a cluster run sends are made
+absolute on the driver (plan.json keeps what the user wrote), and a preflight stats each distinct
 input directory (local) or bucket (remote) on every worker once, so that a worker blind to the inputs
 stops the run with one message instead of failing every task.
 """
@@ -11,10 +12,13 @@ stops the run with one message instead of failing every task.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from shardflow.rundir.tasks import Task
 from shardflow.storage.paths import is_local, local_path, protocol
+
+if TYPE_CHECKING:
+    from shardflow.job.shard_job import ShardJob
 
 MAX_PROBES = 16  # distinct input places checked per worker
 
@@ -31,6 +35,16 @@ def absolute(url: str) -> str:
 
 def absolute_task(task: Task) -> Task:
     return Task(task.id, tuple(absolute(u) for u in task.inputs), absolute(task.output), absolute(task.output_parts))
+
+
+def absolute_run_dir(job: "ShardJob") -> "ShardJob":
+    """The job bound to its run directory's absolute path, when that is a relative local path."""
+    url = absolute(job.run_dir)
+    if url == job.run_dir:
+        return job
+    from shardflow.rundir.run_dir import RunDir
+
+    return job.at_run_dir(RunDir(url, job.options_for(url)))
 
 
 def input_probes(tasks: list[Task], options_for: Callable[[str], dict[str, Any]]) -> list[tuple[str, str, Any]]:

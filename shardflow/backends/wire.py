@@ -1,4 +1,5 @@
-"""What travels between the client and the Dask workers: the pickled job, results, messages."""
+"""What travels from the driver to cluster workers (Dask, Ray): the pickled job, and the message for a
+module a worker lacks. One owner for both cluster backends (neither imports the other's folder)."""
 
 from __future__ import annotations
 
@@ -51,4 +52,4 @@ def dumps_job(job: "ShardJob") -> bytes:
 def missing_module_message(worker: str, module: str | None) -> str:
     name = module or "a module"
     return (f"worker {worker} cannot import {name!r} needed by the job: install it in the worker image "
-            f"(pip install it on every Dask worker, or add it to the image built from docker/)")
+            f"(pip install it on every worker, or add it to the image built from docker/)")
