@@ -14,8 +14,9 @@ at two kinds of level:
   numpy; zlib deflates them with Pillow's settings (codecs.deflate.deflate_like_pillow), and the IDAT
   chunks are cut where Pillow cuts them. Where Pillow and CPython's zlib module deflate with the same
   library (as here: both use the system's libz), the file is Pillow's byte for byte, so outputs of
-  jobs written before this writer existed do not change; 1.5x faster on noisy photos, where deflate
-  is most of the work.
+  jobs written before this writer existed do not change. 1.4x faster than Pillow on noisy photos
+  (where the filter choice was half of its time), a few % on clean ones (where zlib's match search,
+  the same call in both, dominates).
 
 Both write standard PNG (signature, IHDR, IDAT, IEND) and nothing else, so images whose PNG would carry
 more (a PIL image with an ICC profile or a transparency colour in its info) go to Pillow (`handles`).
