@@ -420,33 +420,23 @@ def resume_main(args: argparse.Namespace, tmp: str) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     server = None
     try:
-        for n in [int(x) for x in args.resume_local.split(",") if x]:
+        for n in int_list(args.resume_local):
             for row in resume_rows(n, f"{tmp}/resume-{n}", None, repos, args.reps):
                 rows.append({"store": "local", "N": n, **row})
                 print(json.dumps(rows[-1]), flush=True)
-        s3_sizes = [int(x) for x in args.resume_s3.split(",") if x]
-        if s3_sizes:
-            server, endpoint = start_s3(args, tmp)
-            options = {"client_kwargs": {"endpoint_url": endpoint}}
-            import fsspec
-
-            for n in s3_sizes:
-                bucket = f"resume-{uuid.uuid4().hex[:8]}"
-                fsspec.filesystem("s3", **options).mkdir(bucket)
-                for row in resume_rows(n, f"s3://{bucket}/j", options, repos, args.reps):
-                    rows.append({"store": "s3", "N": n, **row})
-                    print(json.dumps(rows[-1]), flush=True)
-        for n in [int(x) for x in args.s3_status.split(",") if x]:
+        options: dict[str, Any] = {}
+        for n in int_list(args.resume_s3):
             if server is None:
-                server, endpoint = start_s3(args, tmp)
-                options = {"client_kwargs": {"endpoint_url": endpoint}}
-            import fsspec
-
-            bucket = f"status-{uuid.uuid4().hex[:8]}"
-            fsspec.filesystem("s3", **options).mkdir(bucket)
-            for row in s3_status_rows(n, f"s3://{bucket}/j", options, args.reps):
+                server, options = start_s3(args, tmp)
+            for row in resume_rows(n, fresh_bucket(options, "resume"), options, repos, args.reps):
                 rows.append({"store": "s3", "N": n, **row})
-        for n in [int(x) for x in args.resume_k8s.split(",") if x]:
+                print(json.dumps(rows[-1]), flush=True)
+        for n in int_list(args.s3_status):
+            if server is None:
+                server, options = start_s3(args, tmp)
+            for row in s3_status_rows(n, fresh_bucket(options, "status"), options, args.reps):
+                rows.append({"store": "s3", "N": n, **row})
+        for n in int_list(args.resume_k8s):
             rows += k8s_rows(n, tmp, repos)
     finally:
         if server is not None:
@@ -531,9 +521,24 @@ def s3_status_rows(n: int, base: str, options: dict, reps: int) -> list[dict[str
     return rows
 
 
-def start_s3(args: argparse.Namespace, tmp: str) -> tuple[Any, str]:
+def int_list(text: str) -> list[int]:
+    """The sizes of a command-line list: "1000,10000" -> [1000, 10000]; "" -> []."""
+    return [int(x) for x in text.split(",") if x]
+
+
+def fresh_bucket(options: dict[str, Any], prefix: str) -> str:
+    """A new bucket on the bench's S3 server (`options` from start_s3): the run-dir URL in it."""
+    import fsspec
+
+    bucket = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    fsspec.filesystem("s3", **options).mkdir(bucket)
+    return f"s3://{bucket}/j"
+
+
+def start_s3(args: argparse.Namespace, tmp: str) -> tuple[Any, dict[str, Any]]:
+    """SeaweedFS on 127.0.0.1 (or --endpoint): (the server to stop or None, s3fs storage options)."""
     if args.endpoint:
-        return None, args.endpoint
+        return None, {"client_kwargs": {"endpoint_url": args.endpoint}}
     sys.path.insert(0, str(REPO))  # the repository root: tests.support
     from tests.support.processes import _find_executable
     from tests.support.s3 import S3Server  # the test suite's SeaweedFS launcher
@@ -545,7 +550,7 @@ def start_s3(args: argparse.Namespace, tmp: str) -> tuple[Any, str]:
     (Path(tmp) / "s3").mkdir(exist_ok=True)
     server.start()
     os.environ.update(server.env)
-    return server, server.endpoint_url
+    return server, {"client_kwargs": {"endpoint_url": server.endpoint_url}}
 
 
 def main() -> None:
@@ -594,28 +599,23 @@ def main() -> None:
     try:
         if not args.skip_temps:
             rows += temps_rows([1000, 10_000] if args.quick else [1000, 10_000, 100_000], tmp)
-        for n in [int(x) for x in args.sizes.split(",") if x]:
+        for n in int_list(args.sizes):
             for row in run_dir_rows(n, f"{tmp}/local-{n}", None, dict(os.environ), None, args.local_markers_max):
                 rows.append({"store": "local", "N": n, **row})
                 print(json.dumps(rows[-1]), flush=True)
-        s3_sizes = [int(x) for x in args.s3_sizes.split(",") if x]
+        s3_sizes = int_list(args.s3_sizes)
         if s3_sizes:
-            server, endpoint = start_s3(args, tmp)
-            options = {"client_kwargs": {"endpoint_url": endpoint}}
-            import fsspec
-
+            server, options = start_s3(args, tmp)
             for n in s3_sizes:
-                bucket = f"scale-{uuid.uuid4().hex[:8]}"
-                fsspec.filesystem("s3", **options).mkdir(bucket)
                 requests = Requests()
-                for row in run_dir_rows(n, f"s3://{bucket}/j", options, dict(os.environ), requests,
+                for row in run_dir_rows(n, fresh_bucket(options, "scale"), options, dict(os.environ), requests,
                                         args.markers_max):
                     rows.append({"store": "s3", "N": n, **row})
                     print(json.dumps(rows[-1]), flush=True)
         for n in ([100_000, 1_000_000] if args.million else [100_000]):
             rows += subprocess_rows(n, tmp)
             print(json.dumps(rows[-2:]), flush=True)
-        rows += per_task_rows([int(x) for x in args.per_task.split(",") if x], tmp)
+        rows += per_task_rows(int_list(args.per_task), tmp)
     finally:
         if server is not None:
             server.stop()

@@ -28,7 +28,6 @@ import sys
 import tempfile
 import time
 import tracemalloc
-import uuid
 from pathlib import Path
 from typing import Any, Callable
 
@@ -37,7 +36,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import scale  # noqa: E402
-from scale import start_s3  # noqa: E402
+from scale import fresh_bucket, int_list, start_s3  # noqa: E402
 
 from shardflow import ShardJob  # noqa: E402
 from shardflow.rundir.layout import RECORDS, RUNNING, done_file  # noqa: E402
@@ -197,23 +196,18 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     print("# uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(), flush=True)
     try:
-        for n in [int(x) for x in args.memory.split(",") if x]:
+        for n in int_list(args.memory):
             rows.append(memory_row(n))
             print(json.dumps(rows[-1]), flush=True)
-        for n in [int(x) for x in args.local_sizes.split(",") if x]:
+        for n in int_list(args.local_sizes):
             for row in rows_for(n, f"{tmp}/local-{n}", None, None):
                 rows.append({"store": "local", "N": n, **row})
                 print(json.dumps(rows[-1]), flush=True)
-        sizes = [int(x) for x in args.sizes.split(",") if x]
+        sizes = int_list(args.sizes)
         if sizes:
-            server, endpoint = start_s3(args, tmp)
-            options = {"client_kwargs": {"endpoint_url": endpoint}}
-            import fsspec
-
+            server, options = start_s3(args, tmp)
             for n in sizes:
-                bucket = f"status-{uuid.uuid4().hex[:8]}"
-                fsspec.filesystem("s3", **options).mkdir(bucket)
-                for row in rows_for(n, f"s3://{bucket}/j", options, Requests()):
+                for row in rows_for(n, fresh_bucket(options, "status"), options, Requests()):
                     rows.append({"store": "s3", "N": n, **row})
                     print(json.dumps(rows[-1]), flush=True)
     finally:

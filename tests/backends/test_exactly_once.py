@@ -114,9 +114,15 @@ def _check_exactly_once(out: Path) -> None:
     _no_temp_files(out)
 
 
+def _job(tmp_path: Path, fn, **settings) -> ShardJob:
+    """The suite's job: `fn` over the inputs, one output shard per task into tmp_path/out."""
+    out = tmp_path / "out"
+    return ShardJob(fn, _inputs(tmp_path), f"{out}/{{task:03d}}.tar", run_dir=str(out / "_run"), **settings)
+
+
 def test_every_sample_is_written_exactly_once(runner, tmp_path):
     out = tmp_path / "out"
-    job = ShardJob(relabel, _inputs(tmp_path), f"{out}/{{task:03d}}.tar", run_dir=str(out / "_run"))
+    job = _job(tmp_path, relabel)
     report = runner.run(job)
     assert report.ok, report
     assert report.done == SHARDS and report.stats.samples_out == SHARDS * PER_SHARD
@@ -126,8 +132,7 @@ def test_every_sample_is_written_exactly_once(runner, tmp_path):
 def test_a_rerun_after_a_stopped_run_finishes_the_rest_exactly_once(runner, tmp_path):
     out, flag = tmp_path / "out", tmp_path / "flag"
     flag.write_text("up")
-    job = ShardJob(StopWhileFlagged, _inputs(tmp_path), f"{out}/{{task:03d}}.tar", run_dir=str(out / "_run"),
-                   fn_args=(str(flag), "in-000002.tar"), on_error="raise")
+    job = _job(tmp_path, StopWhileFlagged, fn_args=(str(flag), "in-000002.tar"), on_error="raise")
     first = runner.run(job)
     assert not first.ok and 2 in first.failed, first
     _no_temp_files(out)  # the failed task's partial shard was aborted, not left behind
@@ -143,7 +148,7 @@ def test_a_rerun_after_a_stopped_run_finishes_the_rest_exactly_once(runner, tmp_
 
 def test_a_user_bug_stops_the_run_with_its_file_and_line(runner, tmp_path):
     out = tmp_path / "out"
-    job = ShardJob(broken, _inputs(tmp_path), f"{out}/{{task:03d}}.tar", run_dir=str(out / "_run"))
+    job = _job(tmp_path, broken)
     report = runner.run(job)
     assert report.failed, report
     line = next(n for n, text in enumerate(Path(__file__).read_text().splitlines(), 1) if "BUG_LINE" in text)

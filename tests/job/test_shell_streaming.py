@@ -17,6 +17,7 @@ import pytest
 import shardflow as sf
 from shardflow.job.shell_files import STREAM_FROM
 from shardflow.storage.file_value import FileValue
+from tests.support.jobs import sha256_file
 
 BIG = 300_000_000  # bytes of random data the command writes
 # Runs argv[1:] and prints its exit status and the peak RSS (KiB) of its largest process (the serial
@@ -44,14 +45,6 @@ def map_peak(tmp_path: Path, name: str, command: str) -> tuple[int, Path]:
     return int(peak), out / f"{name}.tar"
 
 
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
-
-
 def receipt(shard: Path) -> dict:
     done = json.loads((shard.parent / "_shardflow" / "done" / "000000.json").read_text())
     (output,) = done["outputs"]
@@ -72,7 +65,7 @@ def test_a_large_file_is_streamed_not_held_in_memory(tmp_path):
             h.update(block)
         written_sum = tar.extractfile("a.sum").read().split()[0].decode()  # what the command saw
     assert h.hexdigest() == written_sum
-    assert receipt(shard)["sha256"] == sha256_of(shard)
+    assert receipt(shard)["sha256"] == sha256_file(shard)
     assert receipt(shard)["nbytes"] == shard.stat().st_size
 
 
@@ -82,7 +75,7 @@ def test_a_small_file_stays_bytes_and_the_shard_is_unchanged(tmp_path):
     with sf.TarWriter(str(expected)) as w:  # the bytes the in-RAM path has always written
         w.write({"__key__": "a", "txt": b"hello world\n"})
     assert shard.read_bytes() == expected.read_bytes()
-    assert receipt(shard)["sha256"] == sha256_of(expected)
+    assert receipt(shard)["sha256"] == sha256_file(expected)
 
 
 def open_value(path: Path) -> FileValue:

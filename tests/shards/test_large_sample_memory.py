@@ -27,6 +27,7 @@ import pytest
 import shardflow as sf
 from shardflow.errors import FormatError
 from shardflow.shards.samples import read_samples
+from tests.support.jobs import sha256_file
 
 _SAMPLE = 8 << 20
 # the reader's two samples and 1 MiB buffers (measured: 19.1 MiB through ShardWriter, 18.2 through a pipe);
@@ -55,14 +56,6 @@ def _peak(run: Callable[[], object]) -> int:
         tracemalloc.stop()
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _identity(sample):
     return sample
 
@@ -83,7 +76,7 @@ def test_read_samples_to_shard_writer_holds_two_samples_and_copies_byte_for_byte
     assert peak < _BOUND, f"peak {peak / 2**20:.1f} MiB of Python allocations for {_SAMPLE >> 20} MiB samples"
     out = tmp_path / "out-000.tar"
     assert out.read_bytes() == src.read_bytes()  # TarWriter wrote the input: the copy is byte-identical
-    assert [r.sha256 for r in receipts] == [_sha256(out)]
+    assert [r.sha256 for r in receipts] == [sha256_file(out)]
 
 
 def test_job_passthrough_holds_two_samples(tmp_path):

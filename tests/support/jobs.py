@@ -6,6 +6,7 @@ Everything is real: shards are written with shardflow's TarWriter, job files are
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -77,6 +78,12 @@ def serial_job_setup(tmp_path: Path, body: str, job_name: str, shards: int, per_
     out = tmp_path / "out"
     args = ["--inputs", spec(tmp_path / "in", "in", shards), "--outputs", str(out / "{name}.tar"), "-b", "serial"]
     return tmp_path, job, args, out / "_shardflow"
+
+
+def sha256_file(path: Path) -> str:
+    """The sha256 of a file, as a shard's receipt gives it."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def tars(directory: Path) -> list[Path]:
