@@ -54,9 +54,19 @@ class Preempted(BaseException):
 @contextlib.contextmanager
 def stop_on_signals(signums: tuple[int, ...] = tuple(getattr(signal, name) for name in STOP_SIGNALS)
                     ) -> Iterator[None]:
-    """Turn STOP_SIGNALS into `Preempted` while the block runs (main thread only)."""
+    """Turn STOP_SIGNALS into `Preempted` while the block runs (main thread only).
+
+    Only the first signal raises: a cancelled Slurm job's worker gets SIGTERM twice (from slurmstepd
+    and from the batch shell passing it on), and a second `Preempted` raised inside the first one's
+    cleanup (a writer's abort, between closing its temp file and unlinking it) left that temp behind.
+    """
+    stopping = False
 
     def handler(signum: int, frame: Any) -> None:
+        nonlocal stopping
+        if stopping:  # already unwinding: let the cleanup finish
+            return
+        stopping = True
         raise Preempted(signum)
 
     old = {s: signal.signal(s, handler) for s in signums}

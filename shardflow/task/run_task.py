@@ -192,13 +192,31 @@ def _stream_task(task: Task, context: TaskContext, processor: SampleProcessor | 
     counter = _ProgressBatcher(progress)
     writer = ShardWriter(task.part_url, maxcount=context.spec.rollover[0], maxsize=context.spec.rollover[1],
                          storage_options=out_options, temp_tag=tag, checksum=context.spec.checksum or "sha256")
-    with writer:
-        for url in task.inputs:
-            _stream_input(url, context, processor, writer, counter)
-        processor.failures.check_rate(final=True)
-        infos: list[ShardInfo] = writer.close()
+    try:
+        with writer:
+            for url in task.inputs:
+                _stream_input(url, context, processor, writer, counter)
+            processor.failures.check_rate(final=True)
+            infos: list[ShardInfo] = writer.close()
+    except BaseException:
+        _drop_temps(task, out_options, tag)
+        raise
     counter.flush()
     return infos
+
+
+def _drop_temps(task: Task, out_options: dict[str, Any] | None, tag: str) -> None:
+    """Remove the task's temps by name after it stopped on an exception.
+
+    The writer's abort removes them as a rule; this covers an exception raised asynchronously (a
+    worker's SIGTERM handler) after a temp was created but before a writer owned it, whose temp only a
+    garbage collection would otherwise remove (never, when the process exits first). Best effort: the
+    task's next attempt removes the same names before it starts.
+    """
+    try:
+        remove_stale_temps(task.part_url, out_options, tag=tag)
+    except Exception:  # noqa: BLE001 - must not replace the error that stopped the task
+        pass
 
 
 def _stream_input(url: str, context: TaskContext, processor: SampleProcessor | BatchProcessor, writer: ShardWriter,

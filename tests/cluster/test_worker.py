@@ -218,3 +218,43 @@ def test_finalize_rebuilds_the_summary_from_markers(tmp_path):
     assert worker.finalize(url, out=out, err=err) == contract.EXIT_OK
     summary = json.loads((Path(url) / "summary.json").read_text())
     assert summary["ok"] and summary["done"] == 3 and summary["failed"] == {}
+
+
+
+def stop_at_second_sample(sample):
+    """identity, but the worker gets SIGTERM (a real one) when the shard is open: at the 2nd sample."""
+    if sample["__key__"].endswith("k001"):
+        os.kill(os.getpid(), signal.SIGTERM)
+    return identity(sample)
+
+
+def test_a_second_sigterm_during_the_cleanup_leaves_no_temp(tmp_path, monkeypatch):
+    """A cancelled Slurm job's worker gets SIGTERM twice (slurmstepd's and the batch shell's, passed on).
+    The second, landing in the first one's cleanup (here: as the temp is discarded), must not stop it:
+    the temp stayed behind about once in five Slurm cancels before."""
+    from shardflow.storage import publish
+
+    url, out = plan(tmp_path, 2, fn=stop_at_second_sample)
+    discard = publish.LocalReplace._discard
+
+    def discard_under_a_second_signal(self):
+        os.kill(os.getpid(), signal.SIGTERM)  # handled at the next call: inside the discard
+        discard(self)
+    monkeypatch.setattr(publish.LocalReplace, "_discard", discard_under_a_second_signal)
+    code, _, err = run(url, 0, 2)
+    assert code == contract.EXIT_RETRY and "stopped by SIGTERM" in err
+    assert temp_files(out) == [] and RunDir(url).done_ids() == set()
+
+
+def test_only_the_first_stop_signal_raises():
+    raised = []
+    with worker.stop_on_signals():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # interrupted by the handler's exception
+        except worker.Preempted as exc:
+            raised.append(exc.signum)
+            os.kill(os.getpid(), signal.SIGTERM)  # a second one while unwinding: ignored
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+    assert raised == [signal.SIGTERM]
