@@ -48,7 +48,7 @@ from shardflow.rundir.records import TaskRecord  # noqa: E402
 from shardflow.rundir.run_dir import RunDir  # noqa: E402
 from shardflow.rundir.stats import Stats  # noqa: E402
 from shardflow.rundir.status import read_status  # noqa: E402
-from shardflow.rundir.summaries import SPAN, block_of, summary_name, write_block  # noqa: E402
+from shardflow.rundir.summaries import SPAN, block_of, merge_span, summary_name, write_block  # noqa: E402
 from shardflow.shards.writer import remove_stale_temps  # noqa: E402
 
 PYTHON = sys.executable
@@ -434,7 +434,7 @@ def resume_main(args: argparse.Namespace, tmp: str) -> list[dict[str, Any]]:
         for n in int_list(args.s3_status):
             if server is None:
                 server, options = start_s3(args, tmp)
-            for row in s3_status_rows(n, fresh_bucket(options, "status"), options, args.reps):
+            for row in s3_status_rows(n, None, options, args.reps, keep=args.keep, repos=repos):
                 rows.append({"store": "s3", "N": n, **row})
         for n in int_list(args.resume_k8s):
             rows += k8s_rows(n, tmp, repos)
@@ -446,7 +446,8 @@ def resume_main(args: argparse.Namespace, tmp: str) -> list[dict[str, Any]]:
 
 # -- issue 28 item 7: status, one `status --watch` poll and a no-op resume at 100k tasks on S3 ----------------
 # The run dir an Indexed Job of automatic K (10 at 100k tasks) leaves: every task's marker in run_task's shape
-# and its records/ name, and each pod's summary of its K tasks; nothing merged them. The output folder is
+# and its records/ name, each pod's summary of its K tasks, and the SPAN summary of each range that the pod
+# completing the range merged (rundir.summaries.merge_span, called here as that pod calls it). The output folder is
 # left empty here (none of the three reads it now: the stored plan skips the output checks); PUTs go in
 # batches of S3_BATCH through a client with 128 connections (SeaweedFS answers each in ~40-80 ms here).
 
@@ -493,31 +494,71 @@ def indexed_job_run_dir(n: int, base: str, options: dict) -> tuple[str, str, flo
                 block.to_json(), indent=1, sort_keys=True).encode()
         _s3_put(put_fs, files)
         puts += len(files)
+        # what the pod completing each SPAN range does (cluster/worker.py): its pods' summaries merged
+        for span in range(first, min(n, first + 10 * S3_BATCH), SPAN):
+            merge_span(rd, span, n)
         print(f"# {puts} objects in {time.perf_counter() - t0:.0f} s", flush=True)
     return spec, out, puts / (time.perf_counter() - t0)
 
 
-def s3_status_rows(n: int, base: str, options: dict, reps: int) -> list[dict[str, Any]]:
+def _listings(lean: bool) -> str:
+    """Switch S3 folder listings between storage.s3_listing (lean) and fsspec's own (the code before it),
+    through the protocol record (storage.protocols); returns the row label."""
+    from dataclasses import replace
+
+    from shardflow.storage.protocols import protocol_named, register_protocol
+
+    record = protocol_named("s3")
+    lean_listing = ("shardflow.storage.s3_listing:names_in", "_call_s3") if lean else None
+    register_protocol(replace(record, lean_listing=lean_listing), clobber=True)
+    return "lean listing" if lean else "fsspec listing"
+
+
+def s3_status_rows(n: int, base: str | None, options: dict, reps: int, keep: str | None = None,
+                   repos: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """status (read_status), one --watch poll (the next read_status in the same process, as `status
     --watch` makes it) and a no-op resume (a fresh process), after the Indexed Job and again after the
-    first report merged the pod summaries into SPAN summaries (what every later reader sees)."""
-    spec, out, rate = indexed_job_run_dir(n, base, options)
-    rows: list[dict[str, Any]] = [{"what": f"built: {n} markers + records, {n // POD_K} pod summaries",
-                                   "puts_per_s": round(rate)}]
-    print(json.dumps(rows[-1]), flush=True)
+    first report merged the pod summaries into SPAN summaries (what every later reader sees). status and
+    the poll are measured with both listings (storage.s3_listing's and fsspec's), rotated.
+
+    With `keep` (a folder that keeps SeaweedFS's data), the run dir is built once and its URL noted
+    there; a later run reuses it (then in the state after the first report only). `repos`: the trees
+    whose no-op resume is measured (label -> checkout; this tree by default), rotated."""
+    repos = repos or {"this tree": str(REPO)}
+    noted = Path(keep) / f"s3-status-{n}.url" if keep else None
+    rows: list[dict[str, Any]] = []
+    if noted is not None and noted.exists():
+        base = noted.read_text().strip()
+        states: tuple[str, ...] = ("after the first report",)
+    else:
+        base = base or fresh_bucket(options, "status")
+        spec, out, rate = indexed_job_run_dir(n, base, options)
+        if noted is not None:
+            noted.write_text(base)
+        rows.append({"what": f"built: {n} markers + records, {n // POD_K} pod summaries", "puts_per_s": round(rate)})
+        print(json.dumps(rows[-1]), flush=True)
+        states = ("after an Indexed Job", "after the first report")
+    spec, out = f"{base}/in/in-{{000000..{n - 1:06d}}}.tar", f"{base}/out"
     requests = ListingRequests()
     run_dir = f"{base}/out/_shardflow"
-    for state in ("after an Indexed Job", "after the first report"):
-        for _ in range(reps):
-            requests.hook(RunDir(run_dir, options).fs._fs)  # the same (cached) s3fs client read_status gets
-            requests.take()
-            rows.append(measure(f"status, {state}", lambda: read_status(run_dir, options), requests))
-            rows.append(measure(f"--watch poll, {state}", lambda: read_status(run_dir, options), requests))
-            print(json.dumps(rows[-2]), json.dumps(rows[-1]), flush=True)
-        for _ in range(1 if state == "after an Indexed Job" else reps):  # the first one changes the state
-            rows.append({"what": f"no-op resume, {state} (fresh process)",
-                         **_resume_once(str(REPO), options, spec, out, n)})
-            print(json.dumps(rows[-1]), flush=True)
+    for state in states:
+        for rep in range(reps):
+            for lean in (True, False) if rep % 2 == 0 else (False, True):
+                label = _listings(lean)
+                requests.hook(RunDir(run_dir, options).fs._fs)  # the same (cached) s3fs client read_status gets
+                requests.take()
+                rows.append(measure(f"status, {state} ({label})", lambda: read_status(run_dir, options), requests))
+                rows.append(measure(f"--watch poll, {state} ({label})", lambda: read_status(run_dir, options),
+                                    requests))
+                print(json.dumps(rows[-2]), json.dumps(rows[-1]), flush=True)
+        _listings(True)
+        labels = list(repos)
+        for rep in range(1 if state == "after an Indexed Job" else reps):  # the first one changes the state
+            for label in (labels[:1] if state == "after an Indexed Job" else labels[rep % len(labels):]
+                          + labels[:rep % len(labels)]):
+                rows.append({"what": f"no-op resume, {state} (fresh process; {label})",
+                             **_resume_once(repos[label], options, spec, out, n)})
+                print(json.dumps(rows[-1]), flush=True)
     return rows
 
 

@@ -34,7 +34,7 @@ from shardflow.errors import JobError
 from shardflow.rundir.layout import failed_file
 from shardflow.rundir.report import RunReport, build_report
 from shardflow.rundir.run_dir import RunDir
-from shardflow.rundir.summaries import block_of, write_block
+from shardflow.rundir.summaries import SPAN, block_of, merge_span, write_block
 from shardflow.rundir.tasks import TaskResult
 from shardflow.storage import options as so
 from shardflow.task.run_task import run_task
@@ -167,7 +167,10 @@ def _run_chunk(url: str, index: int, tasks_per_index: int, storage_options: dict
     done = sum(r.ok for r in results)
     if done == len(chunk.task_ids):  # the whole chunk is done: status and finalize read one file for it
         with contextlib.suppress(Exception):  # best effort: without it they read the chunk's markers
-            write_block(job.rundir(), block_of(chunk.first, chunk.stop, ((r.stats, r.outputs) for r in results)))
+            job_dir = job.rundir()
+            write_block(job_dir, block_of(chunk.first, chunk.stop, ((r.stats, r.outputs) for r in results)))
+            if chunk.stop - chunk.first < SPAN:  # the pod completing a SPAN range merges its pods' summaries
+                merge_span(job_dir, chunk.first, run_dir.task_count(plan))
     _log(out, f"index {index}: {done}/{len(chunk.task_ids)} tasks done in {time.perf_counter() - started:.1f} s "
               f"-> exit {code} ({EXIT_CODES[code]})")
     return code

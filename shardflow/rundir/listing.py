@@ -14,7 +14,8 @@ import os
 from typing import Any, Callable, Iterator
 
 from shardflow.storage.atomic import is_own_temp
-from shardflow.storage.protocols import protocol_of_fs
+from shardflow.storage.protocols import lean_lister, protocol_of_fs
+from shardflow.storage.retrying_fs import RetryingFileSystem
 
 TEMP_TAG = "sfrun"  # the tag in run-directory temp names: `.<name>.tmp-sfrun-<12 hex>`
 READ_BATCH = 1_000  # files fetched concurrently at a time from object stores
@@ -23,14 +24,17 @@ PREFIXES_IN_FLIGHT = 32  # prefix listings at once
 
 
 
-def list_folder(fs: Any, path: str, *, local: bool) -> list[str]:
-    """Sorted visible base names in `path` (empty when it does not exist), uncached."""
+def list_folder(fs: Any, path: str, *, local: bool, prefix: str = "") -> list[str]:
+    """Sorted visible base names in `path` that start with `prefix` (empty when it does not exist),
+    uncached. Stores that list by key prefix are asked for those names only."""
     if local:
         try:
             with os.scandir(path) as entries:
-                return sorted(e.name for e in entries if not e.name.startswith("."))
+                return sorted(e.name for e in entries if e.name.startswith(prefix) and not e.name.startswith("."))
         except (FileNotFoundError, NotADirectoryError):
             return []
+    if _by_prefix(fs) and (prefix or lean_lister(fs) is not None):
+        return _list_prefixes(fs, path, [prefix])
     fs.invalidate_cache(path)  # a listing cached earlier in this process may be stale
     try:
         entries = fs.ls(path, detail=False)
@@ -40,33 +44,54 @@ def list_folder(fs: Any, path: str, *, local: bool) -> list[str]:
         fs.invalidate_cache(path)  # and N cached entries would be scanned before every later read
     own = path.rstrip("/")  # some stores list an emptied folder as itself
     names = (e.rstrip("/").rsplit("/", 1)[-1] for e in entries if e.rstrip("/") != own)
-    return sorted(n for n in names if n and not n.startswith("."))
+    return sorted(n for n in names if n.startswith(prefix) and n and not n.startswith("."))
 
 
 def list_task_folder(fs: Any, path: str, *, local: bool, tasks: int) -> list[str]:
     """list_folder for a folder of about one name per task, each starting with its 6-digit task id below
     `tasks` (done/, records/): on stores that list by key prefix, one listing per PREFIX_SPAN ids (`000`,
-    `001`, ...),
-    all in flight at once. The same requests as one listing (1,000 names each), in the time of one or two
-    instead of tasks / 1,000 pages one after another. Names that do not start so are not listed."""
+    `001`, ...), all in flight at once. The same requests as one listing (1,000 names each), in the time of
+    one or two instead of tasks / 1,000 pages one after another. Names that do not start so are not listed."""
     prefixes = -(-tasks // PREFIX_SPAN)
-    if local or prefixes <= 2 or tasks > 10**6 or not protocol_of_fs(fs).listing_by_prefix or not hasattr(fs, "_find"):
+    if local or prefixes <= 2 or tasks > 10**6 or not _by_prefix(fs):
         return list_folder(fs, path, local=local)
+    return _list_prefixes(fs, path, [f"{p:03d}" for p in range(prefixes)])
+
+
+def _by_prefix(fs: Any) -> bool:
+    return protocol_of_fs(fs).listing_by_prefix and (lean_lister(fs) is not None or hasattr(fs, "_find"))
+
+
+def _list_prefixes(fs: Any, path: str, prefixes: list[str]) -> list[str]:
+    """Sorted visible names in `path` starting with one of `prefixes` (listed PREFIXES_IN_FLIGHT at a time),
+    retried per the run directory's policy; names only where the protocol has a lean listing."""
     from fsspec.asyn import sync
+
+    lean = lean_lister(fs)
+
+    async def listed(prefix: str) -> list[str]:
+        if lean is not None:  # no listing cache, no dict per key (storage.s3_listing)
+            return await lean(fs, path, prefix)
+        return [e.rstrip("/").rsplit("/", 1)[-1] for e in await fs._find(path, maxdepth=1, withdirs=False,
+                                                                          prefix=prefix)]
 
     async def each_prefix() -> list[str]:
         names: list[str] = []
-        for first in range(0, prefixes, PREFIXES_IN_FLIGHT):  # bounded: the store's entries are big dicts
-            pages = await asyncio.gather(*(fs._find(path, maxdepth=1, withdirs=False, prefix=f"{p:03d}")
-                                           for p in range(first, min(prefixes, first + PREFIXES_IN_FLIGHT))))
-            names.extend(e.rstrip("/").rsplit("/", 1)[-1] for page in pages for e in page)
+        for first in range(0, len(prefixes), PREFIXES_IN_FLIGHT):  # bounded: fsspec's entries are big dicts
+            pages = await asyncio.gather(*(listed(p) for p in prefixes[first:first + PREFIXES_IN_FLIGHT]))
+            names.extend(name for page in pages for name in page)
         return names
 
     try:
-        found = sync(fs.loop, each_prefix)
+        found = _retried(fs, "ls", sync, fs.loop, each_prefix)
     except FileNotFoundError:
         return []
     return sorted(n for n in found if n and not n.startswith("."))
+
+
+def _retried(fs: Any, name: str, func: Callable[..., Any], *args: Any) -> Any:
+    """`func(*args)` under the run directory's retry policy when `fs` has one (storage.retrying_fs)."""
+    return fs.retried(name, func, *args) if isinstance(fs, RetryingFileSystem) else func(*args)
 
 
 def iter_files(fs: Any, paths: list[str], *, local: bool, parse: bool = True) -> Iterator[Any]:

@@ -143,16 +143,17 @@ class RunDir:
         if self._known is None or self._known.may_exist(name):
             self.remove(name)
 
-    def list_names(self, folder: str, *, tasks: int | None = None) -> list[str]:
+    def list_names(self, folder: str, *, tasks: int | None = None, prefix: str = "") -> list[str]:
         """Base names in `folder`: one (paginated) listing, empty when it does not exist. With `tasks`
         (a folder of about one name per task: done/, records/), object stores list 1,000 ids a request,
-        concurrently.
+        concurrently. With `prefix`, only the names starting with it (stores listing by key prefix are
+        asked for those alone).
 
         The listing is not kept in the filesystem's cache: s3fs scans a cached listing linearly before
         each later read of a file in it, so N markers read after listing cost O(N^2)."""
         if tasks is not None:
             return list_task_folder(self.fs, self._path(folder), local=self._local, tasks=tasks)
-        return list_folder(self.fs, self._path(folder), local=self._local)
+        return list_folder(self.fs, self._path(folder), local=self._local, prefix=prefix)
 
     def read_many(self, names: list[str], *, parse: bool = True) -> list[Any]:
         """Several files, in order (fetched concurrently on object stores); None for one that is gone."""

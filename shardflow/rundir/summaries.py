@@ -73,7 +73,42 @@ def summary_ranges(names: Iterable[str]) -> list[tuple[int, int]]:
     return chosen
 
 
-READ_TASKS = 1_000  # tasks' worth of summaries parsed at a time: memory flat at any N
+def span_prefix(first: int) -> str:
+    """The name prefix shared by every summary starting in first's SPAN range (and by no other)."""
+    digits = len(str(SPAN)) - 1  # SPAN is a power of ten: its ranges are the names' leading digits
+    return summary_name(first - first % SPAN, 0).rpartition("/")[2][:9 - digits]
+
+
+def merge_span(run_dir: RunFiles, first: int, tasks: int) -> bool:
+    """Write the SPAN summary of first's SPAN range when the summaries in it tile the range whole: what
+    the pod whose chunk completes a range does, so a report after an Indexed Job reads tasks / SPAN
+    summaries instead of one per pod (10,000 GETs at 100k tasks, pods of 10). One listing of the range's
+    names; their reads and the write only when it is whole. Two pods may both find it whole and write the
+    same summary (the write is atomic, the content the same); a range both miss is merged by the next
+    report as before. Returns whether it wrote it."""
+    start = first - first % SPAN
+    stop = min(start + SPAN, tasks)
+    names = run_dir.list_names(SUMMARIES, prefix=span_prefix(start))
+    ranges = [r for r in summary_ranges(names) if start <= r[0] and r[1] <= stop]
+    if not ranges or ranges == [(start, stop)] or not _tiles(ranges, start, stop):
+        return False
+    records = run_dir.read_many([summary_name(f, s) for f, s in ranges])
+    if any(not isinstance(r, dict) or not isinstance(r.get("shards"), list) for r in records):
+        return False  # gone meanwhile (a reset) or not a summary: leave it to the report
+    write_block(run_dir, block_of(start, stop, ((Stats.from_json(r.get("stats", {})), r["shards"]) for r in records)))
+    return True
+
+
+def _tiles(ranges: list[tuple[int, int]], start: int, stop: int) -> bool:
+    cursor = start
+    for first, end in ranges:
+        if first != cursor:
+            return False
+        cursor = end
+    return cursor == stop
+
+
+READ_TASKS = 4_000  # tasks' worth of summaries fetched (concurrently) and parsed at a time: memory flat at any N
 
 
 @dataclass

@@ -54,6 +54,9 @@ class Protocol:
     # used only when the filesystem has `source_needs` (else another library owns the protocol name)
     source: str | None = None
     source_needs: str = ""
+    # (async (fs, folder, prefix) -> base names, the filesystem attribute it needs): a folder's names
+    # listed without the client building a dict per key (storage.s3_listing); None: fsspec's listing
+    lean_listing: tuple[str, str] | None = None
     # small files are fetched with cat(max_concurrency=1): s3fs would HEAD each one first otherwise
     cat_in_one_request: bool = False
     # '::' in its URLs is an fsspec chain; False where it belongs to a file name or a command
@@ -86,7 +89,8 @@ PROTOCOLS: dict[str, Protocol] = {record.name: record for record in [
            "simplecache", "tar", "zip"),
     *_rows(DEFAULT, "http", "https", source=f"{_SRC}:HTTPSource", source_needs="encode_url"),
     *_rows(_BIG_STORE, "s3", "s3a", source=f"{_SRC}:S3Source", source_needs="_call_s3", cat_in_one_request=True,
-           conditional_put=(f"{_CW}:s3_put_if", f"{_CW}:s3_version")),
+           conditional_put=(f"{_CW}:s3_put_if", f"{_CW}:s3_version"),
+           lean_listing=("shardflow.storage.s3_listing:names_in", "_call_s3")),
     *_rows(_BIG_STORE, "gs", "gcs", source=f"{_SRC}:GCSSource", source_needs="call",
            conditional_put=(f"{_CW}:gcs_put_if", f"{_CW}:gcs_version")),
     *_rows(_STREAMING, "az", "abfs", "abfss", "adl", "oci", "oss"),
@@ -130,3 +134,9 @@ def load(target: str) -> Any:
     """The object a record names as "module:attr", imported on first use and kept."""
     module, _, name = target.partition(":")
     return getattr(importlib.import_module(module), name)
+
+
+def lean_lister(fs: Any) -> Any:
+    """The async (fs, folder, prefix) -> base names of `fs`'s protocol (Protocol.lean_listing), or None."""
+    lean = protocol_of_fs(fs).lean_listing
+    return load(lean[0]) if lean is not None and hasattr(fs, lean[1]) else None

@@ -64,6 +64,11 @@ class RetryingFileSystem:
             return attr
         return functools.partial(self._call, name, attr)
 
+    def retried(self, name: str, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """`func(*args, **kwargs)` retried like the methods (a call made through this filesystem's
+        underlying one, e.g. storage.s3_listing's); `name` names it in the StoreLostError."""
+        return self._call(name, func, *args, **kwargs)
+
     def _call(self, name: str, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         retry, retries = self.retry, 0
         while True:

@@ -258,3 +258,41 @@ def test_only_the_first_stop_signal_raises():
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.05)
     assert raised == [signal.SIGTERM]
+
+
+@pytest.mark.parametrize("missing", [None, 500])
+def test_the_pod_completing_a_span_merges_the_pods_summaries(tmp_path, missing):
+    """After an Indexed Job of small chunks a report read one summary per pod (10,000 GETs at 100k tasks,
+    pods of 10): the pod whose chunk completes a SPAN range now writes the range's summary from its pods'.
+    With a pod's summary missing the range is left as it is (the report reads that pod's markers)."""
+    from shardflow.rundir.stats import Stats
+    from shardflow.rundir.summaries import SPAN, Block, summary_name, write_block
+    from shardflow.shards.writer import TarWriter
+
+    n = SPAN + 10
+    job = ShardJob(identity, f"{tmp_path}/in/in-{{000000..{n - 1:06d}}}.tar", f"{tmp_path}/out/{{name}}.tar")
+    job.prepare()
+    rd = RunDir(job.run_dir)
+    earlier = []
+    for first in range(0, SPAN - 10, 10):  # the other pods of the range are done: their summaries
+        entries = [{"url": f"{tmp_path}/out/in-{t:06d}.tar", "nsamples": 4, "nbytes": 10240, "sha256": f"{t:064x}"}
+                   for t in range(first, first + 10)]
+        earlier += entries
+        if first != missing:
+            write_block(rd, Block(first, first + 10, Stats(samples_in=40, samples_out=40), entries))
+    for t in range(SPAN - 10, n):  # the last pods' inputs
+        with TarWriter(f"{tmp_path}/in/in-{t:06d}.tar") as writer:
+            for i in range(4):
+                writer.write({"__key__": f"s{t}/k{i:03d}", "txt": b"x" * 100})
+    assert run(job.run_dir, (SPAN - 10) // 10, 10)[0] == contract.EXIT_OK
+    span = Path(job.run_dir) / summary_name(0, SPAN)
+    if missing is not None:
+        assert not span.exists()
+        return
+    merged = json.loads(span.read_text())
+    last = RunDir(job.run_dir).read_json(summary_name(SPAN - 10, SPAN))["shards"]
+    assert merged["shards"] == earlier + last and len(last) == 10
+    assert merged["stats"]["samples_in"] == 40 * 99 + 40
+    assert run(job.run_dir, SPAN // 10, 10)[0] == contract.EXIT_OK  # [1000, 1010): the pod's summary is the range's
+    assert sorted(p.name for p in (Path(job.run_dir) / "summaries").iterdir() if p.name.startswith("000001")) == [
+        summary_name(SPAN, n).rpartition("/")[2]]

@@ -47,3 +47,18 @@ def test_retry_budget_shortens_the_wait_for_a_store_that_stays_down(tmp_path):
     assert done.returncode == 2
     assert "lost the store of the run directory s3://nobucket/rd" in done.stderr
     assert "retry budget 2 s (--retry-budget)" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_listing_a_run_dir_folder_on_s3_is_retried_then_lost():
+    """The folder listings of a run directory on S3 (storage.s3_listing's names, concurrent prefix listings
+    of done/ and records/) are retried per outage like the filesystem's methods, then end in one line."""
+    pytest.importorskip("s3fs")
+    from shardflow.rundir.run_dir import RunDir
+
+    options = {"key": "x", "secret": "y", "client_kwargs": {"endpoint_url": "http://127.0.0.1:9",
+                                                            "region_name": "us-east-1"},
+               "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1}}
+    run_dir = RunDir("s3://nobucket/rd", options, retry_budget=1.0)
+    for folder, tasks in (("summaries", None), ("done", 5000)):
+        with pytest.raises(StoreLostError, match=r"lost the store of the run directory s3://nobucket/rd: .* ls failed"):
+            run_dir.list_names(folder, tasks=tasks)
