@@ -14,6 +14,7 @@ from shardflow.job.progress import DEFAULT_HEARTBEAT_S, Progress, json_reader, k
 from shardflow.job.trial import prepare_trial
 from shardflow.rundir.lease import RunLease
 from shardflow.rundir.report import RunReport, build_report
+from shardflow.rundir.summaries import LiveSpans
 from shardflow.rundir.tasks import Task, TaskResult
 
 if TYPE_CHECKING:
@@ -68,10 +69,12 @@ def _run_pending(job: "ShardJob", backend: str = "processes", *, force: bool = F
     interrupted = False
     if lease is not None:
         lease.check()  # planning may have taken longer than the lease lives
+    spans = LiveSpans(run_dir, ids, (t.id for t in pending))  # a killed driver leaves them: no marker per task
     stream = execute(job, pending, bar, **options)
     try:
         for result in stream:
             results[result.task_id] = result
+            spans.finished(result, results)
             bar.task_finished(result)
             if result.stops_run(job.spec.on_error):
                 break
@@ -83,5 +86,6 @@ def _run_pending(job: "ShardJob", backend: str = "processes", *, force: bool = F
         stream.close()
         bar.close()
     skipped = len(ids) - len(pending) + sum(r.status == "skipped" for r in results.values())
-    return build_report(run_dir, list(ids), results, started, skipped=skipped, interrupted=interrupted)
+    return build_report(run_dir, list(ids), results, started, skipped=skipped, interrupted=interrupted,
+                        written=spans.written)
 

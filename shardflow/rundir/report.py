@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Collection, Iterator, Sequence
 
 from shardflow.errors import JobError
 from shardflow.rundir.layout import LAST_RUN, SUMMARY, done_file, errors_file
@@ -105,14 +105,15 @@ class RunReport:
 
 
 def build_report(run_dir: RunDir, task_ids: list[int] | range, results: dict[int, TaskResult], started: float,
-                 *, skipped: int, interrupted: bool = False) -> RunReport:
+                 *, skipped: int, interrupted: bool = False, written: Collection[int] = frozenset()) -> RunReport:
     """Merge this run's results with what earlier runs finished, then save summary.json.
 
     Earlier work is read from per-chunk summaries where they exist and from markers elsewhere (one
     listing of done/, MARKER_WINDOW markers fetched at a time); summaries of the SPAN-aligned ranges found
     whole are written on the way, so the next report or status reads O(N / SPAN) files. Memory stays
     flat at any N: summaries are read a few at a time and kept as references (report.shards is a
-    ShardEntries), and summary.json is written as a stream.
+    ShardEntries), and summary.json is written as a stream. `written`: the SPAN ranges whose summary
+    this run already wrote (LiveSpans), not written again.
     """
     report = RunReport(run_dir.url, len(task_ids), 0, skipped, interrupted=interrupted)
     entries = report.shards = ShardEntries(run_dir)
@@ -122,7 +123,7 @@ def build_report(run_dir: RunDir, task_ids: list[int] | range, results: dict[int
     summaries = read_summaries(run_dir, total, skip=lambda f, s: any(t in results for t in range(f, s)),
                                keep_shards=lambda f, s: SpanWriter.merges(f, s, total)) if contiguous else iter(())
     ahead = _Ahead(summaries)
-    spans = SpanWriter(run_dir, total if contiguous else 0, entries.append)
+    spans = SpanWriter(run_dir, total if contiguous else 0, entries.append, written)
     add = spans.add if contiguous else (lambda first, size, stats, piece, kept=False: entries.append(piece))
     done_before = _Lazy(run_dir.done_ids)  # listed only if some done task is left that no summary covers
     records: dict[int, tuple[dict[str, Any], list[dict[str, Any]]]] = {}

@@ -11,7 +11,7 @@ instead of one marker per task (O(N / SPAN) reads at any N), and markers only wh
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Union
+from typing import Any, Callable, Collection, Iterable, Iterator, Sequence, Union
 
 from shardflow.rundir.layout import SUMMARIES, RunFiles, done_file
 from shardflow.rundir.stats import Stats
@@ -108,6 +108,50 @@ def _tiles(ranges: list[tuple[int, int]], start: int, stop: int) -> bool:
     return cursor == stop
 
 
+class LiveSpans:
+    """Writes each SPAN range's summary as soon as this run has finished every task of it.
+
+    A driver killed mid-run (SIGKILL, OOM, a lost node) writes no report; without these its next run
+    read one marker per task done (100,000 GETs at 100k tasks on S3). With them it reads N / SPAN
+    summaries and the markers of the ranges that were in flight. A range with a task done before this
+    run is left to the report (that task's entries are in its marker); a write that fails is too (best
+    effort: the report writes what is missing). `written`: the ranges written, which the report's
+    SpanWriter then does not write again."""
+
+    def __init__(self, run_dir: RunFiles, ids: Sequence[int], pending: Iterable[int]) -> None:
+        self.run_dir = run_dir
+        self.tasks = len(ids)
+        self.written: set[int] = set()
+        self.left: dict[int, set[int]] = {}  # range start -> its tasks this run has not finished yet
+        if not (isinstance(ids, range) or all(i == t for i, t in enumerate(ids))):
+            return  # a plan not numbered 0..n-1 (none is): the report does it all
+        for task_id in pending:
+            self.left.setdefault(task_id - task_id % SPAN, set()).add(task_id)
+        for start in [s for s, left in self.left.items() if len(left) != min(s + SPAN, self.tasks) - s]:
+            del self.left[start]  # part of the range was done before this run
+
+    def finished(self, result: Any, results: dict[int, Any]) -> None:
+        """`result` (a TaskResult, also in `results`) came in: write its range's summary if now whole."""
+        start = result.task_id - result.task_id % SPAN
+        left = self.left.get(start)
+        if left is None:
+            return
+        if result.status == "failed":
+            del self.left[start]  # not whole in this run
+            return
+        left.discard(result.task_id)
+        if left:
+            return
+        del self.left[start]
+        stop = min(start + SPAN, self.tasks)
+        try:
+            write_block(self.run_dir, block_of(start, stop, ((results[t].stats, results[t].outputs)
+                                                             for t in range(start, stop))))
+        except Exception:  # noqa: BLE001 - best effort: the report writes it
+            return
+        self.written.add(start)
+
+
 READ_TASKS = 4_000  # tasks' worth of summaries fetched (concurrently) and parsed at a time: memory flat at any N
 
 
@@ -165,8 +209,10 @@ class SpanWriter:
     otherwise what was added (in-memory entries of consecutive tasks joined into one list), so a
     caller can keep references to files instead of a million shard entries."""
 
-    def __init__(self, run_dir: RunFiles, tasks: int, emit: Callable[[Piece], None]) -> None:
+    def __init__(self, run_dir: RunFiles, tasks: int, emit: Callable[[Piece], None],
+                 written: Collection[int] = frozenset()) -> None:
         self.run_dir, self.tasks, self.emit = run_dir, tasks, emit
+        self.already = written  # ranges whose summary this run wrote as it went (LiveSpans)
         self.first: int | None = None
         self.pieces: list[Piece] = []
         self.stats = Stats()
@@ -202,7 +248,8 @@ class SpanWriter:
             return
         stop = min(first + SPAN, self.tasks)
         whole = self.count == stop - first
-        if whole and not (len(pieces) == 1 and isinstance(pieces[0], Summary) and pieces[0].size == stop - first):
+        if whole and first not in self.already and not (len(pieces) == 1 and isinstance(pieces[0], Summary)
+                                                        and pieces[0].size == stop - first):
             block = Block(first, stop, stats, [e for p in pieces for e in self._entries(p)])
             write_block(self.run_dir, block)
             self.written += 1
