@@ -122,25 +122,26 @@ class LiveSpans:
         self.run_dir = run_dir
         self.tasks = len(ids)
         self.written: set[int] = set()
-        self.left: dict[int, set[int]] = {}  # range start -> its tasks this run has not finished yet
+        # range start -> how many of its tasks this run has yet to finish (a backend yields each task once)
+        self.left: dict[int, int] = {}
         if not (isinstance(ids, range) or all(i == t for i, t in enumerate(ids))):
             return  # a plan not numbered 0..n-1 (none is): the report does it all
         for task_id in pending:
-            self.left.setdefault(task_id - task_id % SPAN, set()).add(task_id)
-        for start in [s for s, left in self.left.items() if len(left) != min(s + SPAN, self.tasks) - s]:
+            start = task_id - task_id % SPAN
+            self.left[start] = self.left.get(start, 0) + 1
+        for start in [s for s, left in self.left.items() if left != min(s + SPAN, self.tasks) - s]:
             del self.left[start]  # part of the range was done before this run
 
     def finished(self, result: Any, results: dict[int, Any]) -> None:
         """`result` (a TaskResult, also in `results`) came in: write its range's summary if now whole."""
         start = result.task_id - result.task_id % SPAN
-        left = self.left.get(start)
-        if left is None:
+        if start not in self.left:
             return
         if result.status == "failed":
             del self.left[start]  # not whole in this run
             return
-        left.discard(result.task_id)
-        if left:
+        self.left[start] -= 1
+        if self.left[start]:
             return
         del self.left[start]
         stop = min(start + SPAN, self.tasks)
