@@ -88,7 +88,7 @@ def test_a_worker_killed_in_a_group_loses_none_of_its_finished_tasks(tmp_path, m
     monkeypatch.setattr(local, "take_group", choose)
     job = _job(tmp_path, _dies_in_a_group(victim, died), shards)
     report = job.run("processes", workers=2, progress=False)
-    assert chosen and os.path.exists(died), "no group of several tasks ran"
+    assert chosen and os.path.exists(died), f"no group of several tasks ran: chosen {chosen}, failed {report.failed}"
     first, killed = chosen[0][0], chosen[0][1]
     assert killed in report.failed and "worker process died" in report.failed[killed]["error"]
     assert first not in report.failed  # finished before its neighbour killed the worker: reported done
