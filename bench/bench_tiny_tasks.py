@@ -12,6 +12,10 @@ shows both the all-in figure and the per-task increment.
     .venv/bin/python bench/bench_tiny_tasks.py --tasks 10000
     .venv/bin/python bench/bench_tiny_tasks.py --tasks 3000 --tasks-repeat 3   # medians of 3, rotated order
     .venv/bin/python bench/bench_tiny_tasks.py --reshard-mb 12 --repeat 5   # item 5: the fixed start cost
+    .venv/bin/python bench/bench_tiny_tasks.py --tasks 10000 --tasks-repeat 2 --keep /var/tmp/tiny10k
+
+On ext4 without a journal, files deleted on the disk in the last 6 minutes make every run slower (see
+fresh_folder): --keep deletes nothing; run it when nothing else was deleted in the minutes before.
 """
 
 from __future__ import annotations
@@ -152,8 +156,11 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--tasks-repeat", type=int, default=1,
                     help="repetitions of the --tasks runs, backends in rotated order (medians)")
+    ap.add_argument("--keep", default=None,
+                    help="work in this folder and delete nothing (inputs reused, outputs kept): see fresh_folder")
     args = ap.parse_args()
-    root = tempfile.mkdtemp(prefix="bench-tiny-", dir=args.tmp)
+    root = args.keep or tempfile.mkdtemp(prefix="bench-tiny-", dir=args.tmp)
+    os.makedirs(root, exist_ok=True)
     try:
         if args.reshard_mb:
             return small_run(root, args.reshard_mb, args.repeat)
@@ -185,7 +192,8 @@ def main() -> None:
                   flush=True)
         print(f"load after {os.getloadavg()[0]:.1f}")
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
