@@ -220,7 +220,6 @@ def test_finalize_rebuilds_the_summary_from_markers(tmp_path):
     assert summary["ok"] and summary["done"] == 3 and summary["failed"] == {}
 
 
-
 def stop_at_second_sample(sample):
     """identity, but the worker gets SIGTERM (a real one) when the shard is open: at the 2nd sample."""
     if sample["__key__"].endswith("k001"):
@@ -231,7 +230,7 @@ def stop_at_second_sample(sample):
 def test_a_second_sigterm_during_the_cleanup_leaves_no_temp(tmp_path, monkeypatch):
     """A cancelled Slurm job's worker gets SIGTERM twice (slurmstepd's and the batch shell's, passed on).
     The second, landing in the first one's cleanup (here: as the temp is discarded), must not stop it:
-    the temp stayed behind about once in five Slurm cancels before."""
+    the temp stayed behind in 2 of 14 Slurm cancels before."""
     from shardflow.storage import publish
 
     url, out = plan(tmp_path, 2, fn=stop_at_second_sample)
