@@ -31,7 +31,6 @@ _HEADER_TAIL = bytes(100) + b"ustar\x0000" + bytes(BLOCK - 265)
 # name, mode + uid + gid, size, mtime, checksum, typeflag, _HEADER_TAIL ("s" fields pad with NULs)
 _USTAR = struct.Struct("100s24s12s12s8s1s355s")
 _PADDING = [ZERO_BLOCK[:n] for n in range(BLOCK)]  # the zeros that fill a member up to its block
-_REGULAR_FLAG = b"0"[0]  # the typeflag byte of a regular file, as summed into the checksum
 
 
 def coalesce(parts: list[bytes]) -> list[bytes]:
@@ -176,45 +175,29 @@ class TarStreamWriter:
         its name or size); returns their bytes."""
         encoded = name.encode("utf-8", "surrogateescape")
         size = len(data)
-        if len(encoded) <= 100 and size < _PAX_SIZE and encoded.isascii():
-            # the common member, framed here without two calls per member: _header and _put_piece inlined
-            size_field = b"%011o\0" % size
-            checksum = self._fixed_sum + _REGULAR_FLAG + (adler32(size_field, adler32(encoded)) & 0xFFFF) - 1
-            parts.append(_USTAR.pack(encoded, self._ids, size_field, self._mtime_field, b"%06o\0 " % checksum, b"0",
-                                     _HEADER_TAIL))
-            if size:
-                parts.append(data)
-            padding = -size % BLOCK
-            if padding:
-                parts.append(_PADDING[padding])
-            return BLOCK + size + padding
-        written = 0
-        size_field = size
-        if len(encoded) > 100 or size >= _PAX_SIZE or not encoded.isascii():  # ustar cannot hold it
-            payload = _pax_payload(encoded, size)
-            written = self._put_piece(self._header(b"././@PaxHeader", len(payload), b"x"), payload, parts)
-            encoded = encoded[:100] if encoded.isascii() else b"@LongName"
-            size_field = 0 if size >= _PAX_SIZE else size
-        return written + self._put_piece(self._header(encoded, size_field, b"0"), data, parts)
+        if len(encoded) <= 100 and size < _PAX_SIZE and encoded.isascii():  # the common member: one call
+            return self._put_member(encoded, size, b"0", data, parts)
+        payload = _pax_payload(encoded, size)  # ustar cannot hold it
+        written = self._put_member(b"././@PaxHeader", len(payload), b"x", payload, parts)
+        encoded = encoded[:100] if encoded.isascii() else b"@LongName"
+        return written + self._put_member(encoded, 0 if size >= _PAX_SIZE else size, b"0", data, parts)
 
-    @staticmethod
-    def _put_piece(header: bytes, data: bytes, parts: list[bytes]) -> int:
-        parts.append(header)
-        size = len(data)
-        if size:
-            parts.append(data)
-        padding = -size % BLOCK
-        if padding:
-            parts.append(_PADDING[padding])
-        return BLOCK + size + padding
-
-    def _header(self, name: bytes, size: int, typeflag: bytes) -> bytes:
-        """A ustar header; `name` has at most 100 bytes, so adler32 sums it (and the size field)
-        exactly (see tar_headers.byte_sum): chained, adler32 carries on the running sum."""
+    def _put_member(self, name: bytes, size: int, typeflag: bytes, data: bytes, parts: list[bytes]) -> int:
+        """Append a ustar header (`size` in its size field) then `data` and its padding to `parts`;
+        returns their bytes. `name` has at most 100 bytes, so adler32 sums it (and the size field)
+        exactly (see tar_headers.byte_sum): chained, adler32 carries on the running sum. Header and
+        data in one call: the framing of a member is per-sample work (two calls cost ~100 ns more)."""
         size_field = b"%011o\0" % size
         checksum = self._fixed_sum + typeflag[0] + (adler32(size_field, adler32(name)) & 0xFFFF) - 1
-        return _USTAR.pack(name, self._ids, size_field, self._mtime_field, b"%06o\0 " % checksum, typeflag,
-                           _HEADER_TAIL)
+        parts.append(_USTAR.pack(name, self._ids, size_field, self._mtime_field, b"%06o\0 " % checksum, typeflag,
+                                 _HEADER_TAIL))
+        length = len(data)
+        if length:
+            parts.append(data)
+        padding = -length % BLOCK
+        if padding:
+            parts.append(_PADDING[padding])
+        return BLOCK + length + padding
 
     def flush(self) -> None:
         """Hand every pending byte to the stream (does not flush the stream itself)."""
