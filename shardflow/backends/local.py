@@ -20,7 +20,6 @@ from shardflow.backends.groups import GroupSizer, take_group
 from shardflow.errors import FailureKind
 from shardflow.job.progress import Progress
 from shardflow.rundir.pids import pid_alive
-from shardflow.rundir.stats import Stats
 from shardflow.rundir.tasks import Task, TaskResult
 from shardflow.storage.paths import is_local, local_path
 from shardflow.task.context import TaskContext
@@ -316,8 +315,7 @@ def _finished_or_failed(job: "ShardJob", task: Task, error: str) -> TaskResult:
     try:
         run_dir = job.rundir()
         if run_dir.is_done(task.id):
-            record = run_dir.read_done(task.id)
-            return TaskResult(task.id, "done", Stats.from_json(record["stats"]), record["outputs"])
+            return TaskResult.from_marker(task.id, run_dir.read_done(task.id))
     except Exception:  # noqa: BLE001 - cannot tell: reported failed, and a rerun skips it if it is done
         pass
     return TaskResult.failed(task.id, error, FailureKind.IO)

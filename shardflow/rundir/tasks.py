@@ -67,6 +67,11 @@ class TaskResult:
     def failed(cls, task_id: int, error: str, kind: str, attempts: int = 1) -> "TaskResult":
         return cls(task_id, "failed", error=error, kind=kind, attempts=attempts)
 
+    @classmethod
+    def from_marker(cls, task_id: int, record: dict[str, Any], status: str = "done") -> "TaskResult":
+        """The result a task's done marker holds (run_task writes its stats and outputs there)."""
+        return cls(task_id, status, Stats.from_json(record["stats"]), record["outputs"])
+
     def to_json(self) -> dict[str, Any]:
         """msgpack/JSON-safe data (the inverse of from_json)."""
         return {"task_id": self.task_id, "status": self.status, "stats": self.stats.to_json(),

@@ -67,8 +67,7 @@ def _run(task: Task, context: TaskContext, progress: Progress | None) -> TaskRes
     """run_task's body: skip a done task, else attempt it, retrying I/O errors with backoff."""
     run_dir = context.run_dir
     if run_dir.is_done(task.id):
-        record = run_dir.read_done(task.id)
-        return TaskResult(task.id, "skipped", Stats.from_json(record["stats"]), record["outputs"])
+        return TaskResult.from_marker(task.id, run_dir.read_done(task.id), "skipped")
     clock = TaskClock(run_dir, task.id)  # running/ entry now; records/ name at the end (rundir.records)
     try:
         result = _attempts(task, context, progress, clock)

@@ -25,7 +25,6 @@ from shardflow.cluster.slurm.submit import Submission, submit
 from shardflow.errors import FailureKind
 from shardflow.rundir.layout import failed_file
 from shardflow.rundir.run_dir import RunDir
-from shardflow.rundir.stats import Stats
 from shardflow.rundir.tasks import Task, TaskResult
 
 if TYPE_CHECKING:
@@ -114,7 +113,7 @@ class _Follower:
         for task_id in sorted(self.run_dir.done_ids() & self.pending):
             record = self.run_dir.read_done(task_id)
             self.pending.discard(task_id)
-            yield TaskResult(task_id, "done", Stats.from_json(record["stats"]), record["outputs"])
+            yield TaskResult.from_marker(task_id, record)
         for task_id in sorted(self.run_dir.failed_ids() & self.pending):
             try:
                 record = self.run_dir.read_json(failed_file(task_id))
