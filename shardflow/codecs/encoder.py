@@ -108,9 +108,6 @@ class Encoder:
         if "__key__" in sample:
             out["__key__"] = key
         for k, v in sample.items():
-            if type(v) is bytes:  # final bytes, as encode_entry gives them back: no call per entry
-                if not k.startswith("__"):
-                    out[k] = v
-            elif not k.startswith("__"):
-                out[k] = _encode_or_raise(k, v, self.options, self.codecs, url, key)
+            if not k.startswith("__"):  # final bytes go as encode_entry gives them back: no call per entry
+                out[k] = v if type(v) is bytes else _encode_or_raise(k, v, self.options, self.codecs, url, key)
         return out
