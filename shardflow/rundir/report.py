@@ -12,7 +12,7 @@ from shardflow.rundir.layout import LAST_RUN, SUMMARY, done_file, errors_file
 from shardflow.rundir.run_dir import RunDir
 from shardflow.rundir.shard_entries import ShardEntries
 from shardflow.rundir.stats import Stats
-from shardflow.rundir.summaries import SpanWriter, Summary, read_summaries
+from shardflow.rundir.summaries import SpanWriter, Summary, numbered_from_zero, read_summaries
 from shardflow.rundir.summary_json import summary_chunks
 from shardflow.rundir.tasks import TaskResult
 from shardflow.rundir.tracebacks import TraceCollector, describe_traces, printable
@@ -117,8 +117,8 @@ def build_report(run_dir: RunDir, task_ids: list[int] | range, results: dict[int
     """
     report = RunReport(run_dir.url, len(task_ids), 0, skipped, interrupted=interrupted)
     entries = report.shards = ShardEntries(run_dir)
-    ids = task_ids if isinstance(task_ids, range) and task_ids.start == 0 and task_ids.step == 1 else sorted(task_ids)
-    contiguous = isinstance(ids, range) or all(i == t for i, t in enumerate(ids))  # as every plan numbers its tasks
+    ids = task_ids if isinstance(task_ids, range) and task_ids.step == 1 else sorted(task_ids)
+    contiguous = numbered_from_zero(ids)
     total = len(ids)
     summaries = read_summaries(run_dir, total, skip=lambda f, s: any(t in results for t in range(f, s)),
                                keep_shards=lambda f, s: SpanWriter.merges(f, s, total)) if contiguous else iter(())

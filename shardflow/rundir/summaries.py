@@ -108,6 +108,13 @@ def _tiles(ranges: list[tuple[int, int]], start: int, stop: int) -> bool:
     return cursor == stop
 
 
+def numbered_from_zero(ids: Sequence[int]) -> bool:
+    """Whether task ids are 0..n-1 in order, as every plan numbers them: summaries name ranges of them."""
+    if isinstance(ids, range):
+        return ids.start == 0 and ids.step == 1
+    return all(i == t for i, t in enumerate(ids))
+
+
 class LiveSpans:
     """Writes each SPAN range's summary as soon as this run has finished every task of it.
 
@@ -124,7 +131,7 @@ class LiveSpans:
         self.written: set[int] = set()
         # range start -> how many of its tasks this run has yet to finish (a backend yields each task once)
         self.left: dict[int, int] = {}
-        if not (isinstance(ids, range) or all(i == t for i, t in enumerate(ids))):
+        if not numbered_from_zero(ids):
             return  # a plan not numbered 0..n-1 (none is): the report does it all
         for task_id in pending:
             start = task_id - task_id % SPAN
