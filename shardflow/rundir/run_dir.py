@@ -8,6 +8,7 @@ stores), so a crash never leaves a truncated JSON that breaks resume.
 from __future__ import annotations
 
 import json
+import os
 from typing import Any, Iterable, Iterator
 
 from shardflow.errors import JobError, ShardIOError
@@ -71,6 +72,19 @@ def _plan_difference(old: dict[str, Any], new: dict[str, Any]) -> str:
     return "same tasks, other job settings: " + ", ".join(changed[:5]) if changed else "other job settings"
 
 
+def redacted_json(obj: Any, compact: bool = False) -> str:
+    """json.dumps of redact_urls_deep(obj), keys sorted. Redaction changes only strings holding "://",
+    which json writes as they are: a text without one needs no redacting (a done marker's ~23 us)."""
+    options: dict[str, Any] = {"separators": (",", ":")} if compact else {"indent": 1}
+    try:
+        text = json.dumps(obj, sort_keys=True, **options)
+    except TypeError:  # a Mapping that is not a dict: redact_urls_deep makes it one
+        text = "://"
+    if "://" in text:
+        text = json.dumps(redact_urls_deep(obj), sort_keys=True, **options)
+    return text
+
+
 class RunDir:
     """Reads and writes the files of one run directory."""
 
@@ -121,8 +135,10 @@ class RunDir:
     def read_bytes(self, name: str) -> bytes:
         return self.fs.cat_file(self._path(name), **cat_options(self.fs))
 
-    def write_json(self, name: str, obj: Any) -> None:
-        self.write_bytes(name, json.dumps(redact_urls_deep(obj), indent=1, sort_keys=True).encode())
+    def write_json(self, name: str, obj: Any, *, compact: bool = False) -> None:
+        """`obj` as JSON with its URLs redacted; `compact` (done markers: one a task, read by programs)
+        skips the indentation, which only json's pure-Python encoder writes (~30 us a marker against ~9)."""
+        self.write_bytes(name, redacted_json(obj, compact).encode())
 
     def read_json(self, name: str) -> Any:
         return json.loads(self.read_bytes(name))
@@ -134,7 +150,10 @@ class RunDir:
         if self._known is not None:
             self._known.discard(name)
         try:
-            self.fs.rm(self._path(name))
+            if self._local:  # a file of ours: one unlink (fsspec's rm stats and lists first, ~3x the CPU)
+                os.unlink(self._path(name))
+            else:
+                self.fs.rm(self._path(name))
         except FileNotFoundError:
             pass
 
@@ -241,7 +260,7 @@ class RunDir:
         return self.read_json(done_file(task_id))
 
     def mark_done(self, task_id: int, record: dict[str, Any]) -> None:
-        self.write_json(done_file(task_id), record)
+        self.write_json(done_file(task_id), record, compact=True)
         self.remove_if_present(failed_file(task_id))
 
     def mark_failed(self, task_id: int, record: dict[str, Any]) -> None:

@@ -4,7 +4,7 @@ without importing the others."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from shardflow.errors import ShardIOError
@@ -23,11 +23,10 @@ class ShardInfo:
     checksum: str = "sha256"
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        checksum = data.pop("checksum")
-        if checksum != "sha256":
-            data[checksum or "checksum"] = data.pop("sha256")
-        return data
+        """Its fields by name, the digest under the checksum's name (spelled out: dataclasses.asdict
+        deep-copies field by field, ~10 us of every task's marker)."""
+        return {"url": self.url, "nsamples": self.nsamples, "nbytes": self.nbytes,
+                self.checksum or "checksum": self.sha256}
 
     @property
     def digest(self) -> str:

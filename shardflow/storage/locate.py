@@ -156,13 +156,30 @@ def read_config(path: str | None = None) -> dict[str, Any]:
     return cached
 
 
+_LOCATORS: dict[tuple[Any, ...], Locator] = {}  # by everything current_locator reads (a few entries)
+
+
 def current_locator(rewrite: Sequence[str] | str | None = None, mirror: str | None = None) -> Locator:
-    """The Locator of arguments + environment + config file (see the module docstring)."""
+    """The Locator of arguments + environment + config file (see the module docstring).
+
+    Built once per combination of its sources (arguments, variables, the config file's content):
+    every input shard asks, and parsing the rules again cost ~20 us of each tiny task."""
     config = read_config()
-    rules = (parse_rules(rewrite, "argument") + parse_rules(os.environ.get(ENV_REWRITE), ENV_REWRITE)
-             + webdataset_rules() + parse_rules(config.get("rewrite"), config_path()))
-    chosen = mirror or os.environ.get(ENV_MIRROR) or config.get("mirror")
-    return Locator(rules, str(chosen) if chosen else None)
+    given = tuple(rewrite) if isinstance(rewrite, (list, tuple)) else rewrite
+    key = (given, mirror, id(config) if config else None,  # a config read is kept (read_config): its id is its content's
+           *(os.environ.get(name) for name in (ENV_REWRITE, ENV_MIRROR, ENV_CONFIG, *WDS_REWRITE_ENV)))
+    cacheable = given is None or isinstance(given, (str, tuple))
+    locator = _LOCATORS.get(key) if cacheable else None
+    if locator is None:
+        rules = (parse_rules(rewrite, "argument") + parse_rules(os.environ.get(ENV_REWRITE), ENV_REWRITE)
+                 + webdataset_rules() + parse_rules(config.get("rewrite"), config_path()))
+        chosen = mirror or os.environ.get(ENV_MIRROR) or config.get("mirror")
+        locator = Locator(rules, str(chosen) if chosen else None)
+        if cacheable:
+            if len(_LOCATORS) > 64:
+                _LOCATORS.clear()
+            _LOCATORS[key] = locator
+    return locator
 
 
 WDS_REWRITE_ENV = ("WDS_REWRITE", "GOPEN_REWRITE")  # webdataset's spelling: PATTERN=REPLACEMENT;...

@@ -295,7 +295,7 @@ def redact_urls_deep(obj: Any) -> Any:
     """
     if isinstance(obj, str):
         return redact_urls(obj)
-    if isinstance(obj, Mapping):
+    if type(obj) is dict or isinstance(obj, Mapping):  # dict first: the ABC check costs ~1 us a value
         return {k: redact_urls_deep(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [redact_urls_deep(v) for v in obj]

@@ -116,3 +116,29 @@ def test_dataset_rewrite_and_mirror_arguments(tmp_path):
     # a shard the mirror does not hold is read from where the spec says (here: nowhere)
     with pytest.raises(ShardIOError, match="memory://bucket/a-1.tar"):
         list(sf.ShardDataset(["memory://bucket/a-1.tar"], decode=None, mirror=str(mirror), manifest=False))
+
+
+def test_the_locator_follows_every_source_changed_between_reads(tmp_path, monkeypatch):
+    """current_locator is built once per state of its sources: a variable set, a config file rewritten
+    or removed between two reads must still take effect on the next one."""
+    import os
+
+    from shardflow.storage.locate import resolve
+
+    monkeypatch.delenv("SHARDFLOW_REWRITE", raising=False)
+    config = tmp_path / "config.yaml"
+    monkeypatch.setenv("SHARDFLOW_CONFIG", str(config))
+    config.write_text("rewrite:\n  - 'virtual://a/=/one/'\n")
+    assert resolve("virtual://a/x.tar") == "/one/x.tar"
+    config.write_text("rewrite:\n  - 'virtual://a/=/two/'\n")
+    os.utime(config, ns=(0, os.stat(config).st_mtime_ns + 10**9))  # a rewrite within the same tick
+    assert resolve("virtual://a/x.tar") == "/two/x.tar"
+    monkeypatch.setenv("SHARDFLOW_REWRITE", "virtual://a/=/three/")
+    assert resolve("virtual://a/x.tar") == "/three/x.tar"
+    monkeypatch.delenv("SHARDFLOW_REWRITE")
+    monkeypatch.setenv("WDS_REWRITE", "virtual://a/=/four/")
+    assert resolve("virtual://a/x.tar") == "/four/x.tar"
+    monkeypatch.delenv("WDS_REWRITE")
+    monkeypatch.setenv("SHARDFLOW_CONFIG", str(tmp_path / "other.yaml"))
+    (tmp_path / "other.yaml").write_text("{}\n")
+    assert resolve("virtual://a/x.tar") == "virtual://a/x.tar"
