@@ -166,7 +166,7 @@ def current_locator(rewrite: Sequence[str] | str | None = None, mirror: str | No
     every input shard asks, and parsing the rules again cost ~20 us of each tiny task."""
     config = read_config()
     given = tuple(rewrite) if isinstance(rewrite, (list, tuple)) else rewrite
-    key = (given, mirror, id(config) if config else None,  # a config read is kept (read_config): its id is its content's
+    key = (given, mirror, id(config) if config else None,  # read_config keeps what it read: one id per content
            *(os.environ.get(name) for name in (ENV_REWRITE, ENV_MIRROR, ENV_CONFIG, *WDS_REWRITE_ENV)))
     cacheable = given is None or isinstance(given, (str, tuple))
     locator = _LOCATORS.get(key) if cacheable else None
