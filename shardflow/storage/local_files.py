@@ -128,6 +128,24 @@ class _PinnedReadFile(io.FileIO):
         return data
 
 
+class _PinnedReader(io.BufferedReader):
+    """The buffered side of a pinned file: a read(n) asks for no more than the pinned size has left.
+
+    Why: io.BufferedReader allocates the n bytes asked for before it reads, so the 1 MiB reads of the
+    tar reader cost a 1 MiB allocation each, even for a 2 KB shard and at its end (three a shard:
+    ~22 us of every tiny task). At the pinned end it returns b"" after the same check a read makes."""
+
+    def read(self, size: int | None = -1) -> bytes:
+        raw: _PinnedReadFile = self.raw  # type: ignore[assignment]
+        if size is None or size <= 0:
+            return super().read(size)
+        left = raw.pin[0] - self.tell()
+        if left <= 0:
+            raw._check()  # grown or rewritten since it was opened: said, as a read would
+            return super().read(size) if left < 0 else b""
+        return super().read(min(size, left))
+
+
 def open_read_pinned(path: str, url: str, buffering: int = _BUFFER) -> io.BufferedReader:
     """`open(path, "rb")` that raises ObjectChangedError when the file changes while it is read."""
-    return io.BufferedReader(_PinnedReadFile(path, url), buffer_size=buffering)
+    return _PinnedReader(_PinnedReadFile(path, url), buffer_size=buffering)

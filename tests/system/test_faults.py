@@ -111,6 +111,26 @@ def test_a_local_input_overwritten_during_the_read_fails_the_read(tmp_path):
     assert [first["__key__"]] + [s["__key__"] for s in samples] == keys
 
 
+def test_a_local_input_grown_after_its_last_byte_was_read_still_fails_the_read(tmp_path):
+    """Reads stop at the size pinned at open (no 1 MiB allocation for a 2 KB shard's last, empty
+    read), and that end still checks the file: one appended to meanwhile is not taken as complete."""
+    from shardflow.storage.local_files import open_read_pinned
+
+    path = tmp_path / "small.tar"
+    with TarWriter(str(path)) as writer:
+        writer.write({"__key__": "k", "txt": b"x"})
+    size = path.stat().st_size
+    with open_read_pinned(str(path), str(path)) as f:
+        assert len(f.read(1 << 20)) == size
+        assert f.read(1 << 20) == b""  # the pinned end, the file unchanged
+    with open_read_pinned(str(path), str(path)) as f:
+        assert len(f.read(1 << 20)) == size
+        with open(path, "ab") as grow:
+            grow.write(b"\0" * 512)
+        with pytest.raises(ObjectChangedError, match="local file overwritten while it was being read"):
+            f.read(1 << 20)
+
+
 def test_a_task_whose_input_changes_fails_as_io(tmp_path):
     shard = tmp_path / "in" / "in-000000.tar"
     shard.parent.mkdir()
