@@ -17,7 +17,7 @@ from typing import Any
 from fsspec.spec import AbstractBufferedFile
 
 from shardflow.errors import ShardIOError
-from shardflow.storage.atomic import fsync_dir, temp_name
+from shardflow.storage.atomic import fsync_dir, in_new_folders, temp_name
 from shardflow.storage.local_files import named_os_error, open_write_named, start_writeback
 from shardflow.storage.paths import filesystem, local_path
 from shardflow.storage.protocols import load, protocol_of
@@ -149,11 +149,8 @@ class LocalReplace(AtomicOutput):
         self._final = local_path(url)
         self._temp = temp_name(self._final, tag)
         self._derived = bool(tag)  # a name derived from the task: a stale one may be there, or a twin's
-        os.makedirs(os.path.dirname(os.path.abspath(self._temp)), exist_ok=True)
-        if self._derived:  # created afresh (see _open_exclusive); a full disk names the shard either way
-            self._file = _open_exclusive(self._temp, self._final)
-        else:
-            self._file = open_write_named(self._temp, self._final)
+        # created afresh when derived (see _open_exclusive); a full disk names the shard either way
+        self._file = in_new_folders(_open_exclusive if self._derived else open_write_named, self._temp, self._final)
         self._fd = self._file.fileno()
         self._kicked = 0 if fsync else -1  # bytes whose writeback was started; -1: never start it
 
