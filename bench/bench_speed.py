@@ -22,6 +22,8 @@ best and median of --repeat (CPU time: median, all processes involved):
   parse + frame  the bound of a job's main thread without the job: read_samples -> TarWriter (sha256 receipt
                  in its thread, fsync, atomic rename), sample by sample, no fn, no encoder, no seeding, no
                  run directory (issue 28 item 3: how close per-sample Python can come to copy + sha256)
+  parse + frame xxh3 / parse + frame no hash  the same loop with an xxh3_128 receipt / with no hash at
+                 all (what the hash thread's GIL hand-offs cost the loop; no job can skip its receipt)
   shardflow blake3 / xxh3  the shardflow row with checksum="blake3" / "xxh3_128" (the `checksums` extra)
   copy + blake3  the copy floor with a BLAKE3 receipt
 
@@ -155,11 +157,11 @@ def run_parse(srcs: list[str], out: str) -> None:
             pass
 
 
-def run_parse_frame(srcs: list[str], out: str) -> None:
+def run_parse_frame(srcs: list[str], out: str, checksum: str | None = "sha256") -> None:
     from shardflow.shards.samples import sample_members
 
     for i, src in enumerate(srcs):
-        with TarWriter(os.path.join(out, f"o-{i:03d}.tar")) as w:
+        with TarWriter(os.path.join(out, f"o-{i:03d}.tar"), checksum=checksum) as w:
             for sample in sf.read_samples(src):
                 w.write_members(sample_members(sample))
 
@@ -187,6 +189,8 @@ METHODS = {
     "sha256": run_sha256,
     "parse": run_parse,
     "parse + frame": run_parse_frame,
+    "parse + frame xxh3": lambda srcs, out: run_parse_frame(srcs, out, "xxh3_128"),
+    "parse + frame no hash": lambda srcs, out: run_parse_frame(srcs, out, None),
 }
 
 
@@ -195,24 +199,32 @@ def _vm_kb(field: str) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
 
 
-def run_fresh(name: str, srcs: list[str], out: str) -> tuple[float, float, float]:
+def run_fresh(name: str, srcs: list[str], out: str, trace_python: bool = False) -> tuple[float, float, float, float]:
     """`name` in a fresh `python` (as a user runs it: imports, the job's start, its end): (wall s of the
-    method in it, CPU s of the process tree, peak RSS MB of the process over its RSS after the imports)."""
+    method in it, CPU s of the process tree, peak RSS MB of the process over its RSS after the imports,
+    with `trace_python` the peak MB of Python's own allocations in that process (tracemalloc), else -1)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    env = {**os.environ, "BENCH_TRACE_PYTHON": "1" if trace_python else "0"}
     done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", name, out, *srcs],
-                          check=True, capture_output=True, text=True)
+                          check=True, capture_output=True, text=True, env=env)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    wall, rss = map(float, done.stdout.split()[-2:])
-    return wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, rss
+    python_peak, wall, rss = map(float, done.stdout.split()[-3:])
+    return wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, rss, python_peak
 
 
 def _child(name: str, out: str, srcs: list[str]) -> None:
+    import tracemalloc
+
     import webdataset  # noqa: F401 - every method's imports made before the base line, so only the run counts
 
+    traced = os.environ.get("BENCH_TRACE_PYTHON") == "1"
+    if traced:  # Python's own allocations (slower: the wall time is then not the method's)
+        tracemalloc.start()
     base = _vm_kb("VmRSS")
     t0 = time.perf_counter()
     METHODS[name](srcs, out)
-    print(time.perf_counter() - t0, (_vm_kb("VmHWM") - base) / 1e3)
+    python_peak = tracemalloc.get_traced_memory()[1] / 1e6 if traced else -1.0
+    print(python_peak, time.perf_counter() - t0, (_vm_kb("VmHWM") - base) / 1e3)
 
 
 def cpu() -> float:
@@ -233,6 +245,9 @@ def main() -> None:
     ap.add_argument("--fresh", action="store_true",
                     help="run each method in a fresh python process (from outside: start and end counted) "
                          "and report its peak RSS over its imports")
+    ap.add_argument("--trace-python", action="store_true",
+                    help="with --fresh: also the peak of Python's own allocations (tracemalloc) in that process; "
+                         "its speed figures then include tracemalloc's cost")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -246,6 +261,7 @@ def main() -> None:
         methods = args.methods.split(",")
         times: dict[str, list[tuple[float, float]]] = {m: [] for m in methods}
         peaks: dict[str, list[float]] = {m: [] for m in methods}
+        python_peaks: dict[str, list[float]] = {m: [] for m in methods}
         for round_ in range(args.repeat):
             # a new order every round (seeded): on this shared machine a run's CPU time swings up to
             # 1.7x with what ran just before it (deleting and fsyncing 1 GB leaves kernel work behind);
@@ -258,9 +274,10 @@ def main() -> None:
                 os.makedirs(out)
                 subprocess.run(["sync"], check=True)
                 if args.fresh:
-                    wall, cpu_s, peak = run_fresh(name, srcs, out)
+                    wall, cpu_s, peak, python_peak = run_fresh(name, srcs, out, args.trace_python)
                     times[name].append((wall, cpu_s))
                     peaks[name].append(peak)
+                    python_peaks[name].append(python_peak)
                     continue
                 c0, t0 = cpu(), time.perf_counter()
                 METHODS[name](srcs, out)
@@ -273,6 +290,8 @@ def main() -> None:
             cpu_s = statistics.median(c for _, c in ts)
             ratios = "  ".join(f"{best[name] / best[o]:.2f}x {o}" for o in methods if o != name)
             peak = f"  peak RSS +{max(peaks[name]):.0f} MB" if peaks[name] else ""
+            if args.trace_python and python_peaks[name]:
+                peak += f" (Python allocations {max(python_peaks[name]):.1f} MB)"
             print(f"  {name:17s} {best[name]:6.0f} MB/s best {size / med / 1e6:6.0f} median  cpu {cpu_s:5.2f}s"
                   f"{peak}  {ratios}")
         cpu_med = {m: statistics.median(c for _, c in ts) for m, ts in times.items()}
