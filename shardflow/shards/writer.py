@@ -64,17 +64,18 @@ def remove_stale_temps(url: str | Callable[[int], str], storage_options: dict[st
 def _remove_task_temps(part: Callable[[int], str], storage_options: dict[str, Any] | None, tag: str) -> int:
     local = is_local(part(0))  # local paths: os calls (fsspec's exists builds an info dict: ~2x the CPU a task)
     fs = None if local else filesystem(part(0), storage_options)[0]
+    exists, remove = (os.path.lexists, os.unlink) if fs is None else (fs.exists, fs.rm)
     removed = 0
     for index in itertools.count():
         url = part(index)
         if not url:
             break
-        final = local_path(url) if local else filesystem(url, storage_options)[1]
+        final = local_path(url) if fs is None else filesystem(url, storage_options)[1]
         temp = temp_name(final, tag)
-        if os.path.lexists(temp) if fs is None else fs.exists(temp):
-            os.unlink(temp) if fs is None else fs.rm(temp)
+        if exists(temp):
+            remove(temp)
             removed += 1
-        elif not (os.path.exists(final) if fs is None else fs.exists(final)):
+        elif not exists(final):
             break  # parts are opened in order: no later part of this task was started
     return removed
 
