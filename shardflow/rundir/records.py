@@ -25,6 +25,7 @@ from typing import Any, Iterable, Iterator
 from shardflow.errors import ShardIOError
 from shardflow.rundir.layout import RECORDS, RUNNING, task_name
 from shardflow.rundir.stats import Stats
+from shardflow.storage.atomic import in_new_folders
 from shardflow.storage.paths import is_local
 
 DONE, FAILED = "d", "f"
@@ -171,11 +172,7 @@ def _touch(run_dir: Any, name: str) -> None:
     """An empty file whose name is its content: created in one step (no temp, no fsync: no bytes to tear)."""
     if is_local(run_dir.url):
         path = f"{run_dir.path}/{name}"
-        try:
-            open(path, "wb").close()
-        except FileNotFoundError:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            open(path, "wb").close()
+        in_new_folders(lambda file, _label: open(file, "wb"), path, path).close()
     else:
         run_dir.write_bytes(name, b"")
 
@@ -188,13 +185,7 @@ def mark_running(run_dir: Any, task_id: int, start: float, worker: str) -> str:
 
 
 def mark_ended(run_dir: Any, running: str) -> None:
-    if is_local(run_dir.url):
-        try:
-            os.unlink(f"{run_dir.path}/{running}")
-        except FileNotFoundError:
-            pass
-    else:
-        run_dir.remove(running)
+    run_dir.remove(running)  # a local one is one unlink (RunDir.remove)
 
 
 def write_record(run_dir: Any, record: TaskRecord) -> None:
