@@ -140,7 +140,8 @@ def _run_chunk(url: str, index: int, tasks_per_index: int, storage_options: dict
                out: TextIO) -> int:
     started = time.perf_counter()
     run_dir, plan = open_run_dir(url, storage_options)
-    chunk = chunk_of(index, tasks_per_index, run_dir.task_count(plan))
+    tasks = run_dir.task_count(plan)
+    chunk = chunk_of(index, tasks_per_index, tasks)
     job = load_run_job(run_dir, rebind=storage_options is None)
     if "OMP_NUM_THREADS" in os.environ:  # the manifest sets it from --cpu: torch follows it too
         limit_threads()
@@ -170,7 +171,7 @@ def _run_chunk(url: str, index: int, tasks_per_index: int, storage_options: dict
             job_dir = job.rundir()
             write_block(job_dir, block_of(chunk.first, chunk.stop, ((r.stats, r.outputs) for r in results)))
             if chunk.stop - chunk.first < SPAN:  # the pod completing a SPAN range merges its pods' summaries
-                merge_span(job_dir, chunk.first, run_dir.task_count(plan))
+                merge_span(job_dir, chunk.first, tasks)
     _log(out, f"index {index}: {done}/{len(chunk.task_ids)} tasks done in {time.perf_counter() - started:.1f} s "
               f"-> exit {code} ({EXIT_CODES[code]})")
     return code
