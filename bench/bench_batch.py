@@ -115,6 +115,8 @@ def main() -> None:
             for name in args.only:
                 times[name].append(run_variant(name, inputs, root / f"out-{name}-{round_}", args.backend,
                                                args.workers))
+                print(f"round {round_ + 1}: {name}: " + " / ".join(f"{samples / t:.1f}" for t in times[name][-1])
+                      + " samples/s (command / run / tasks)", flush=True)  # kept if a later variant fails
             for name in args.only:
                 if "augment" in times:
                     base = times["augment"][-1]
