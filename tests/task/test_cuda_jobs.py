@@ -73,9 +73,9 @@ def test_gpu_jpeg_encode_decodes_back_to_the_image():
     which any decoder reads back close to the image; floats outside [0, 1] are refused as on the CPU."""
     import torch
 
-    rng = np.random.default_rng(0)
-    smooth = np.clip(np.linspace(0, 255, 48 * 64 * 3).reshape(48, 64, 3) + rng.normal(0, 2, (48, 64, 3)), 0, 255)
-    image = torch.from_numpy(smooth.astype(np.uint8)).permute(2, 0, 1).contiguous().cuda()
+    y, x = np.mgrid[0:48, 0:64]
+    smooth = np.stack([x * 4, y * 5, (x + y) * 2], -1).astype(np.uint8)  # gradients: JPEG keeps them closely
+    image = torch.from_numpy(smooth).permute(2, 0, 1).contiguous().cuda()
     samples = [{"__key__": "u8", "jpg": image, "cls": 1}, {"__key__": "f", "jpg": image.float() / 255},
                {"__key__": "cpu", "jpg": image.cpu()}]
     out = encode_on_device(samples, 95)
