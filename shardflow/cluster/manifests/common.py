@@ -131,7 +131,11 @@ class ClusterOptions:
 _QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|K|M|G|T)?$")
 _UNITS = {None: 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "K": 10**3, "M": 10**6,
           "G": 10**9, "T": 10**12}
-FINALIZE_BASE, FINALIZE_PER_TASK = 512 * 2**20, 2 * 2**10  # measured: 216 MB at 100k tasks, 1.75 GB at 1M
+# What `worker --finalize` needs: its memory no longer holds the shard list (summary.json is written as a
+# stream), so it grows by ~270 bytes a task (the done set), measured in its worst case, markers only
+# (bench/bench_markers_only.py: 71 MB at 100k tasks, 314 MB at 1M); 1 KiB a task leaves room for an object
+# store's client and listings. (The shard list it held before cost 1.75 GB at 1M, which 2 KiB a task covered.)
+FINALIZE_BASE, FINALIZE_PER_TASK = 512 * 2**20, 2**10
 
 
 def finalize_memory(memory: str, tasks: int) -> str:
