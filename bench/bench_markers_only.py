@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import tempfile
@@ -37,22 +36,14 @@ from shardflow.rundir.layout import LAST_RUN, SUMMARIES, SUMMARY
 
 def build(n: int, base: Path) -> tuple[str, str, str]:
     """(input spec, output folder, run dir) of a finished N-task run with markers only; built once per --keep."""
-    spec, out = f"{base}/in/in-{{000000..{n - 1:06d}}}.tar", f"{base}/out"
-    job = ShardJob(scale._resume_fn(), spec, f"{out}/{{name}}.tar", maxcount=10)  # the job the resuming child runs
-    run_dir = job.run_dir  # its default run dir, as the child finds it
+    spec, out = f"{base}/in/in-{{000000..{n - 1:06d}}}.tar", f"{base}/out"  # realistic_run_dir's names
+    run_dir = ShardJob(scale._resume_fn(), spec, f"{out}/{{name}}.tar").run_dir  # the default, as the child finds it
     built = base / "built.json"
-    if built.exists():
-        return spec, out, run_dir
-    job.prepare()
-    started = time.perf_counter()
-    scale.write_markers(job.rundir(), n, out, summaries=False)
-    os.makedirs(out, exist_ok=True)
-    body = b"\0" * 1024
-    for t in range(n):
-        with open(f"{out}/in-{t:06d}.tar", "wb") as f:
-            f.write(body)
-    built.write_text(json.dumps({"tasks": n}))
-    print(f"# built {n} markers, records and outputs in {time.perf_counter() - started:.0f} s", flush=True)
+    if not built.exists():
+        started = time.perf_counter()
+        scale.realistic_run_dir(n, str(base), None, summaries=False)
+        built.write_text(json.dumps({"tasks": n}))
+        print(f"# built {n} markers, records and outputs in {time.perf_counter() - started:.0f} s", flush=True)
     return spec, out, run_dir
 
 

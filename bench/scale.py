@@ -334,14 +334,15 @@ def _resume_fn() -> Callable[[dict], dict]:
     return fn
 
 
-def realistic_run_dir(n: int, base: str, options: dict | None) -> tuple[str, str]:
+def realistic_run_dir(n: int, base: str, options: dict | None, summaries: bool = True) -> tuple[str, str]:
     """A finished run of N one-sample tasks as a real run leaves it: plan, N markers, the per-chunk
-    summaries, and N output shards in the output folder (0.1.0's bench left that folder empty)."""
+    summaries, and N output shards in the output folder (0.1.0's bench left that folder empty).
+    `summaries=False`: markers only (a driver killed before its report; bench_markers_only.py)."""
     spec, out = f"{base}/in/in-{{000000..{n - 1:06d}}}.tar", f"{base}/out"
     job = ShardJob(_resume_fn(), spec, f"{out}/{{name}}.tar", storage_options=options, maxcount=10)
     job.prepare()
     rd = job.rundir()
-    write_markers(rd, n, out, summaries=True)
+    write_markers(rd, n, out, summaries=summaries)
     body = b"\0" * 1024
     if rd._local:
         for t in range(n):

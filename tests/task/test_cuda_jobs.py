@@ -16,7 +16,7 @@ import pytest
 import shardflow as sf
 from shardflow.codecs.gpu import cuda_available, encode_on_device, make_decoder
 from shardflow.shards.samples import read_samples
-from tests.support.jobs import file_bytes, make_shards, spec, tars, tiny_jpeg
+from tests.support.jobs import decoded_alike, file_bytes, make_shards, spec, tars, tiny_jpeg
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU (torch.cuda.is_available())")]
@@ -27,10 +27,6 @@ def shards(tmp_path_factory):
     directory = tmp_path_factory.mktemp("in")
     make_shards(directory, 2, 5, bad=["s000003"])
     return directory
-
-
-def _mean_difference(a, b) -> float:
-    return (a.cpu().int() - b.cpu().int()).abs().float().mean().item()
 
 
 def test_cuda_decode_matches_cpu_decode(shards):
@@ -44,7 +40,7 @@ def test_cuda_decode_matches_cpu_decode(shards):
             assert isinstance(gpu, Exception) and "s000003" in str(gpu)
             continue
         assert gpu["jpg"].is_cuda and gpu["jpg"].dtype == torch.uint8
-        assert _mean_difference(gpu["jpg"], cpu(sample)["jpg"]) < 3.0  # nvjpeg and libjpeg round a little differently
+        assert decoded_alike(gpu["jpg"], cpu(sample)["jpg"])
 
 
 def test_a_jpeg_nvjpeg_refuses_is_decoded_alone_and_a_broken_one_fails_alone():
@@ -61,7 +57,7 @@ def test_a_jpeg_nvjpeg_refuses_is_decoded_alone_and_a_broken_one_fails_alone():
     cpu = make_decoder("torchrgb8")
     for i in (0, 3):
         assert out[i]["jpg"].is_cuda and out[i]["jpg"].dtype == torch.uint8
-        assert _mean_difference(out[i]["jpg"], cpu(samples[i])["jpg"]) < 3.0
+        assert decoded_alike(out[i]["jpg"], cpu(samples[i])["jpg"])
     # CMYK: decoded by nvjpeg or by the CPU codec, either way an RGB image on the GPU (the two may convert
     # CMYK to RGB differently, so only its form is checked, as on the CPU in test_devices.py)
     assert out[1]["jpg"].is_cuda and tuple(out[1]["jpg"].shape) == (3, 6, 8)
@@ -83,7 +79,7 @@ def test_gpu_jpeg_encode_decodes_back_to_the_image():
     assert out[2]["jpg"] is samples[2]["jpg"]  # a CPU tensor is left to the CPU encoder
     back = make_decoder("torchrgb8")
     for sample in out[:2]:
-        assert _mean_difference(back({"jpg": sample["jpg"]})["jpg"], image) < 3.0
+        assert decoded_alike(back({"jpg": sample["jpg"]})["jpg"], image)
     with pytest.raises(ValueError, match=r"float pixels must be in \[0, 1\]"):
         encode_on_device([{"__key__": "x", "jpg": image.float()}], 95)  # forgot the /255
 
