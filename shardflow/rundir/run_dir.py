@@ -77,10 +77,10 @@ def redacted_json(obj: Any, compact: bool = False) -> str:
     which json writes as they are: a text without one needs no redacting (a done marker's ~23 us)."""
     options: dict[str, Any] = {"separators": (",", ":")} if compact else {"indent": 1}
     try:
-        text = json.dumps(obj, sort_keys=True, **options)
+        text: str | None = json.dumps(obj, sort_keys=True, **options)
     except TypeError:  # a Mapping that is not a dict: redact_urls_deep makes it one
-        text = "://"
-    if "://" in text:
+        text = None
+    if text is None or "://" in text:
         text = json.dumps(redact_urls_deep(obj), sort_keys=True, **options)
     return text
 
