@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from shardflow.cli.common import EXIT_ERROR, Fail, parse_storage_options, storage_option_flag
+from shardflow.cli.common import EXIT_ERROR, Fail, job_inputs_option, parse_storage_options, storage_option_flag
 from shardflow.cluster.contract import EXIT_CODES, EXIT_STOP, INDEX_ENV
 from shardflow.errors import ShardflowError
 from shardflow.storage import options as so
@@ -46,7 +46,7 @@ _storage_option = storage_option_flag()
 @click.option("--prepare", "prepare_job", metavar="JOBFILE", default=None,
               help="write the plan of JOBFILE (with --inputs/--outputs/--set) to the run directory instead, from "
               "inside the cluster (for manifests rendered with --no-prepare); exit 0 written, 75 unreachable, 78 bad")
-@click.option("--inputs", "-i", metavar="SPEC", help="with --prepare: input shards")
+@job_inputs_option("with --prepare: input shards (repeatable)")
 @click.option("--outputs", "-o", metavar="SPEC", help="with --prepare: output shards or pattern")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="with --prepare: job option or PARAMS")
 @click.option("--redo", "--force", "force", is_flag=True, help="with --prepare: start over (replace a different plan; "
@@ -55,7 +55,7 @@ _storage_option = storage_option_flag()
               help="with --finalize: also write the report page there (`shardflow report`; e.g. RUN_DIR/report.html)")
 @_storage_option
 def worker_command(run_dir: str, index: int | None, tasks_per_index: int, finalize: bool, prepare_job: str | None,
-                   inputs: str | None, outputs: str | None, overrides: tuple[str, ...], force: bool,
+                   inputs: str | list[str] | None, outputs: str | None, overrides: tuple[str, ...], force: bool,
                    report_to: str | None, storage_option: tuple[str, ...]) -> None:
     """Run the tasks of one chunk of a planned job (what each pod runs), idempotently."""
     from shardflow.cluster import worker
@@ -109,7 +109,7 @@ def _pairs(items: tuple[str, ...], flag: str, sep: str = "=") -> list[tuple[str,
 def _cluster_options(fn):
     options = [
         click.argument("jobfile"),
-        click.option("--inputs", "-i", metavar="SPEC", help="input shards (brace pattern, glob, list)"),
+        job_inputs_option(),
         click.option("--outputs", "-o", metavar="SPEC", help="output shards or pattern ({task}, {name}, {part})"),
         click.option("--run-dir", metavar="URL", help="run directory the pods share [default: _shardflow beside "
                      "the outputs]"),
@@ -173,7 +173,7 @@ def _extras(kw: dict[str, Any]) -> dict[str, Any]:
     )
 
 
-def _render(kind: str, jobfile: str, inputs: str | None, outputs: str | None, run_dir: str | None,
+def _render(kind: str, jobfile: str, inputs: str | list[str] | None, outputs: str | None, run_dir: str | None,
             overrides: tuple[str, ...], storage_option: tuple[str, ...], image: str, no_prepare: bool, force: bool,
             **kw: Any) -> None:
     from shardflow.cluster import manifests

@@ -149,3 +149,30 @@ def spec_inputs(fn: Callable[..., Any]) -> Callable[..., Any]:
     merged = click.option("--inputs", "-i", "inputs_flag", multiple=True, metavar="SPEC",
                           help="shards to read, the same as the SPEC arguments (repeatable)")(merged)
     return click.argument("spec", nargs=-1, required=False)(merged)
+
+
+def job_inputs_option(help: str = "input shards: brace pattern, glob, URL or dataset spec (repeatable)",
+                      ) -> Callable[[Any], Any]:
+    """`-i/--inputs SPEC` of the commands that load a job file, repeatable as in the shell tools.
+
+    Given once it stays the string as written (so the plan fingerprint of a run started before `-i` was
+    repeatable is unchanged and the run resumes); given several times the specs are joined in order, as
+    the list form of a shard spec. A repeated `-i` used to keep only its last value, silently dropping
+    the shards named before it. A dataset spec (train.yaml) names whole collections and cannot be joined
+    with other specs: that is an error, not a guess.
+    """
+
+    def joined(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> str | list[str] | None:
+        from shardflow.shards.spec import is_spec
+
+        if not values:
+            return None
+        if len(values) == 1:
+            return values[0]
+        datasets = [v for v in values if is_spec(v)]
+        if datasets:
+            raise click.BadParameter(f"the dataset spec {safe(datasets[0])!r} cannot be joined with other "
+                                     "-i specs: list every collection in the dataset spec instead", ctx, param)
+        return list(values)
+
+    return click.option("--inputs", "-i", metavar="SPEC", multiple=True, callback=joined, help=help)

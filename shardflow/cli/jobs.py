@@ -21,6 +21,7 @@ import click
 
 from shardflow.cli.common import (
     EXIT_ERROR,
+    job_inputs_option,
     one_line_errors,
     parse_storage_options,
     setting_option,
@@ -53,7 +54,7 @@ def _errors(options: dict[str, Any] | None = None) -> Any:
 def _job_options(fn: Any) -> Any:
     """The options every command that loads a job file shares."""
     options = [
-        click.option("--inputs", "-i", metavar="SPEC", help="input shards: brace pattern, glob or URL"),
+        job_inputs_option(),
         click.option("--outputs", "-o", metavar="SPEC",
                      help="output shards: one per task (same count as the tasks), or a pattern with "
                      "{task}, {name} (input shard name) and {part} (rollover part)"),
@@ -68,7 +69,7 @@ def _job_options(fn: Any) -> Any:
     return fn
 
 
-def _load(jobfile: str, inputs: str | None, outputs: str | None, settings: tuple[str, ...],
+def _load(jobfile: str, inputs: str | list[str] | None, outputs: str | None, settings: tuple[str, ...],
           run_dir: str | None, storage_options: dict[str, Any] | None) -> Any:
     from shardflow.job.jobfile import load_job, parse_overrides
 
@@ -86,7 +87,7 @@ def _load(jobfile: str, inputs: str | None, outputs: str | None, settings: tuple
 @_job_options
 @backend_flags
 @run_flags
-def run_command(jobfile: str, inputs: str | None, outputs: str | None, settings: tuple[str, ...],
+def run_command(jobfile: str, inputs: str | list[str] | None, outputs: str | None, settings: tuple[str, ...],
                 run_dir: str | None, **kw: Any) -> None:
     """Run a job file over input shards into output shards, resuming where an earlier run stopped.
 
@@ -116,7 +117,7 @@ def run_command(jobfile: str, inputs: str | None, outputs: str | None, settings:
 @_job_options
 @click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True, help="tasks to list (0: all)")
 @click.option("--json", "as_json", is_flag=True, help="print the plan as JSON")
-def plan_command(jobfile: str, inputs: str | None, outputs: str | None, settings: tuple[str, ...],
+def plan_command(jobfile: str, inputs: str | list[str] | None, outputs: str | None, settings: tuple[str, ...],
                  run_dir: str | None, storage_option: tuple[str, ...], limit: int, as_json: bool) -> None:
     """Show the tasks a run would execute, without running or writing anything.
 

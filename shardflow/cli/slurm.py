@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from shardflow.cli.common import EXIT_ERROR, Fail, parse_storage_options, storage_option_flag
+from shardflow.cli.common import EXIT_ERROR, Fail, job_inputs_option, parse_storage_options, storage_option_flag
 from shardflow.errors import ShardflowError
 from shardflow.storage import options as so
 
@@ -36,7 +36,7 @@ def _pairs(items: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
 
 @click.command("slurm")
 @click.argument("jobfile")
-@click.option("--inputs", "-i", metavar="SPEC", help="input shards (brace pattern, glob, list)")
+@job_inputs_option()
 @click.option("--outputs", "-o", metavar="SPEC", help="output shards or pattern ({task}, {name}, {part})")
 @click.option("--run-dir", metavar="URL", help="run directory every node sees [default: _shardflow beside the outputs]")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="job option or PARAMS value")
@@ -82,7 +82,7 @@ def _pairs(items: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
               "spec); write the plan first with `shardflow worker --prepare`")
 @click.option("--redo", "--force", "force", is_flag=True, help="start over: replace a different plan in the run "
               "directory (--force is the older name)")
-def slurm_command(jobfile: str, inputs: str | None, outputs: str | None, run_dir: str | None,
+def slurm_command(jobfile: str, inputs: str | list[str] | None, outputs: str | None, run_dir: str | None,
                   overrides: tuple[str, ...], storage_option: tuple[str, ...], shared_fs: bool, submit: bool,
                   no_prepare: bool, force: bool, time_limit: str | None, worker_command: str, env: tuple[str, ...],
                   **kw: Any) -> None:

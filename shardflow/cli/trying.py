@@ -15,7 +15,13 @@ from typing import Any, Callable
 
 import click
 
-from shardflow.cli.common import EXIT_ERROR, one_line_errors, parse_storage_options, storage_option_flag
+from shardflow.cli.common import (
+    EXIT_ERROR,
+    job_inputs_option,
+    one_line_errors,
+    parse_storage_options,
+    storage_option_flag,
+)
 from shardflow.job.progress import DEFAULT_HEARTBEAT_S
 
 
@@ -65,14 +71,14 @@ def flag_values(flags: dict[str, Any]) -> dict[str, Any]:
 
 @click.command("preview")
 @click.argument("jobfile")
-@click.option("--inputs", "-i", metavar="SPEC", help="input shards (the first ones are read)")
+@job_inputs_option("input shards (the first ones are read; repeatable)")
 @click.option("-n", "count", type=click.IntRange(min=1), default=3, show_default=True, help="input samples to process")
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE", help="override a job option or PARAMS key")
 @click.option("--sheet", metavar="PNG", type=click.Path(dir_okay=False), help="also draw the output images as a "
               "contact sheet PNG")
 @storage_option_flag()
-def preview_command(jobfile: str, inputs: str | None, count: int, settings: tuple[str, ...], sheet: str | None,
-                    storage_option: tuple[str, ...]) -> None:
+def preview_command(jobfile: str, inputs: str | list[str] | None, count: int, settings: tuple[str, ...],
+                    sheet: str | None, storage_option: tuple[str, ...]) -> None:
     """Run process() on the first samples, in this process, and show what it returns; writes no shards.
 
     \b

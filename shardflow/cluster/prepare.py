@@ -56,7 +56,7 @@ def prepare_run_dir(job: "ShardJob", *, force: bool = False) -> None:
         raise JobError(f"cannot write the plan to run directory {where}: {_first_line(exc)}; {hint}") from exc
 
 
-def prepare_in_cluster(jobfile: str, run_dir: str, *, inputs: str | None, outputs: str | None,
+def prepare_in_cluster(jobfile: str, run_dir: str, *, inputs: str | list[str] | None, outputs: str | None,
                        overrides: Mapping[str, Any], storage_options: dict[str, Any] | None, force: bool = False,
                        out: TextIO | None = None, err: TextIO | None = None) -> int:
     """`shardflow worker --prepare`: write plan.json and job.pkl from inside the cluster; an exit status.

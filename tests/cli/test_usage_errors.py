@@ -49,3 +49,25 @@ def test_every_command_that_reads_shards_takes_them_as_dash_i_too(tmp_path, two_
 def test_no_shards_at_all_is_a_usage_error():
     done = cli("ls")
     assert done.returncode == 2 and b"SPEC... or -i/--inputs SPEC" in done.stderr
+
+
+def test_a_repeated_dash_i_reads_every_spec_in_the_job_commands(tmp_path, two_shards):
+    """`run -i a.tar -i b.tar` kept only the last `-i` ("1 tasks over 1 input shards"): the shards named
+    before it were silently left out. Now the specs are joined in order, in every command that loads a job."""
+    first, second = (two_shards.replace("{000000..000001}", n) for n in ("000000", "000001"))
+    planned = cli("plan", "reshard", "-i", first, "-i", second, "-o", f"{tmp_path}/out/{{name}}.tar",
+                  "--run-dir", f"{tmp_path}/plan-run")
+    assert planned.returncode == 0, planned.stderr
+    assert b"2 tasks over 2 input shards" in planned.stdout
+    ran = cli("run", "reshard", "-i", first, "-i", second, "-o", f"{tmp_path}/out/{{name}}.tar",
+              "--run-dir", f"{tmp_path}/run", "--backend", "serial")
+    assert ran.returncode == 0, ran.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["train-000000.tar", "train-000001.tar"]
+
+
+def test_a_dataset_spec_cannot_be_joined_with_another_dash_i(tmp_path, two_shards):
+    spec = tmp_path / "train.yaml"
+    spec.write_text(f"collections:\n  - shards: '{two_shards}'\n")
+    done = cli("plan", "reshard", "-i", str(spec), "-i", two_shards, "-o", f"{tmp_path}/out/{{name}}.tar")
+    assert done.returncode == 2
+    assert "cannot be joined" in done.stderr.decode() and "train.yaml" in done.stderr.decode()
