@@ -34,6 +34,9 @@ def reading(opener: _StorageOpener) -> Callable[[OpenRequest], BinaryIO]:
     def open_for_reading(request: OpenRequest) -> BinaryIO:
         url = request.url
         options = options_for(url, request.storage_options)
+        if names_a_folder(url):  # a store client would fail on the empty key with its own multi-line error
+            raise ShardIOError("names a folder, not a shard (a glob lists its shards: "
+                               f"{url.rstrip('/')}/*.tar)", url=url)
         try:
             return opener(request, options)
         except ShardIOError:
@@ -46,6 +49,16 @@ def reading(opener: _StorageOpener) -> Callable[[OpenRequest], BinaryIO]:
             raise ShardIOError(f"cannot open for reading: {describe(exc, options)}", url=url) from exc
 
     return open_for_reading
+
+
+def names_a_folder(url: str) -> bool:
+    """Whether a remote URL names a bucket or a folder (`s3://b`, `s3://b/`, `gs://b/dir/`) rather than an
+    object. Local paths are left to the operating system, which says "is a directory" itself, and web
+    URLs to their server (`https://host/get/` may well answer with a shard)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme in ("file", "local", "http", "https") or "::" in url or "?" in rest:
+        return False
+    return "/" not in rest.strip("/") if not rest.endswith("/") else True
 
 
 def writing(opener: _StorageOpener) -> Callable[[OpenRequest], BinaryIO]:

@@ -144,8 +144,10 @@ def classify(exc: BaseException) -> str:
 
 
 def describe(exc: BaseException, storage_options: Any = None) -> str:
-    """`Type: message` of an exception with credentials scrubbed out."""
-    text = str(exc) or repr(exc)
+    """`Type: message` of an exception with credentials scrubbed out, on one line: a store client's
+    message may span lines (botocore's "Parameter validation failed:\nInvalid length ..."), and every
+    error shardflow shows is one line (escaped, its newlines would read as a literal backslash-n)."""
+    text = " ".join(line.strip() for line in (str(exc) or repr(exc)).splitlines() if line.strip())
     return scrub(f"{type(exc).__name__}: {text}", storage_options)
 
 

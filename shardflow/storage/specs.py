@@ -281,8 +281,11 @@ def _glob(pattern: str, storage_options: Options) -> list[str]:
     except PermissionError as exc:  # wrong or missing credentials: say so, not "matched no shards"
         raise ShardIOError(f"access denied listing the glob (check the credentials: --storage-option, AWS_* / "
                            f"GOOGLE_* environment): {describe(exc, options)}", url=pattern) from exc
-    except (OSError, ValueError) as exc:
-        raise ShardIOError(f"cannot list: {describe(exc, options)}", url=pattern) from exc
+    except Exception as exc:  # noqa: BLE001 - a store client's own errors (botocore's NoCredentialsError) are
+        # not OSErrors either: one line naming the glob, never a traceback
+        hint = " (check the credentials: --storage-option, AWS_* / GOOGLE_* environment)" if (
+            "credential" in type(exc).__name__.lower()) else ""
+        raise ShardIOError(f"cannot list{hint}: {describe(exc, options)}", url=pattern) from exc
     if not _basename(pattern).startswith("."):
         # like a shell: `*` does not match hidden names (writer temps `.x.tar.tmp-...`, markers)
         matches = [m for m in matches if not _basename(m).startswith(".")]

@@ -293,3 +293,26 @@ def test_job_gs_to_s3_killed_and_resumed(s3_server, s3_bucket, gcs_server, gcs_b
     out, err = _run_driver(tmp_path, spec, options, env)
     assert '"ok": true' in out, out + err
     _check_outputs_and_secrets(fs, f"{s3_bucket}/gs2s3", spec["run_dir"], [s3_server.secret])
+
+
+# ------------------------------------------------------------------------------------------------
+# one line, not a store client's traceback or its multi-line message
+
+
+def test_a_glob_without_credentials_and_a_folder_url_are_one_line_errors(s3_server, s3_bucket, tmp_path):
+    """A glob with no credentials printed botocore's NoCredentialsError traceback (~90 lines); `ls s3://b/`
+    printed "ParamValidationError: Parameter validation failed:\\nInvalid length for parameter Key"."""
+    from tests.cli.test_inspect import cli
+
+    no_credentials = {**{k: v for k, v in s3_server.env.items() if not k.startswith("AWS_SECRET")},
+                      "AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "",
+                      "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"), "AWS_CONFIG_FILE": str(tmp_path / "none")}
+    listed = cli("ls", f"{s3_bucket}/train-*.tar", env=no_credentials)
+    lines = listed.stderr.decode().strip().splitlines()
+    assert listed.returncode != 0 and len(lines) == 1, listed.stderr
+    assert "cannot list" in lines[0] and "credentials" in lines[0] and "train-*.tar" in lines[0]
+    for folder in (f"{s3_bucket}/", s3_bucket):
+        opened = cli("ls", folder, env=s3_server.env)
+        lines = opened.stderr.decode().strip().splitlines()
+        assert opened.returncode != 0 and len(lines) == 1, opened.stderr
+        assert "names a folder, not a shard" in lines[0] and "\\n" not in lines[0]
