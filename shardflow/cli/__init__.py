@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import importlib
+import warnings
 
 import click
 
+from shardflow.errors import ShardflowWarning
+from shardflow.text import safe
+
 # Modules that add commands to `main` when imported (each defines `register(group)`).
 COMMAND_MODULES = (
-    "shardflow.cli.inspect",  # ls, stats
+    "shardflow.cli.inspect",  # ls
+    "shardflow.cli.stats",  # stats
     "shardflow.cli.jobs",  # run, plan, status, demo
     "shardflow.cli.cluster",  # worker, k8s, argo
     "shardflow.cli.slurm",  # slurm
@@ -25,6 +30,21 @@ COMMAND_MODULES = (
 @click.version_option(package_name="shardflow")
 def main() -> None:
     """Transform WebDataset tar shards: resumable, atomic, on processes, Dask or Kubernetes."""
+    warnings.formatwarning = _format_warning
+
+
+# -- warnings on the terminal: ShardflowWarning as one line, its text escaped -------------------------
+_PYTHON_FORMAT = warnings.formatwarning
+
+
+def _format_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                    line: str | None = None) -> str:
+    """`shardflow: warning: <message>` for a ShardflowWarning (data in it escaped by text.safe, no source
+    line: it says what happened to a shard, not where in shardflow); other warnings as Python shows them.
+    Only the command sets it: a library user's warnings stay Python's own (their text built escaped)."""
+    if issubclass(category, ShardflowWarning):
+        return f"shardflow: warning: {safe(str(message), 2000)}\n"
+    return _PYTHON_FORMAT(message, category, filename, lineno, line)
 
 
 for _name in COMMAND_MODULES:  # our own modules: an import error is a bug to see, never a missing command

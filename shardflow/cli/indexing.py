@@ -19,6 +19,7 @@ from shardflow.cli.common import (
     storage_option_flag,
 )
 from shardflow.cli.locations import location_flags
+from shardflow.cli.tools_common import refuse_input_as_output
 from shardflow.text import safe
 
 
@@ -60,6 +61,10 @@ def index_command(spec: tuple[str, ...], output: str | None, processes: int, sto
             plan = targets(list(spec), options, output)
         except SpecError as exc:
             raise Fail(str(exc), EXIT_ERROR) from None
+        if output is not None:  # -o may name a shard of the spec (or a folder: its summary.json)
+            for target in plan:
+                refuse_input_as_output(output, target.urls)
+                refuse_input_as_output(target.manifest, target.urls)
         outcome = run_index(plan, options, processes=processes, progress=_progress())
     _clear_progress()
     for url, reason in outcome.failed[:20]:
@@ -71,6 +76,8 @@ def index_command(spec: tuple[str, ...], output: str | None, processes: int, sto
                f"{len(outcome.failed)} failed, of {shards}")
     for manifest in outcome.written:
         click.echo(f"wrote {safe(manifest)}")
+    for manifest in outcome.counted_by_job:
+        click.echo(f"kept {safe(manifest)}: the job that wrote these shards already counts them")
     if outcome.failed:
         raise Fail(f"{len(outcome.failed)} of {shards} shards could not be indexed; the manifest was not written "
                    "(rerun the same command to retry only those)", EXIT_FAILED)

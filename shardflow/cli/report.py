@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
 from shardflow.cli.common import EXIT_FAILED, one_line_errors, parse_storage_options, storage_option_flag
+from shardflow.cli.tools_common import refuse_input_as_output
 from shardflow.storage import options as so
 from shardflow.text import safe
 
@@ -46,7 +48,28 @@ def report_command(run_dir: str, output: str | None, as_json: bool, samples: int
             click.echo(json.dumps(collect(run_dir, run_options), indent=1, sort_keys=True))
             return
         target = output or run_dir.rstrip("/") + "/report.html"
+        if output is not None:
+            refuse_input_as_output(output, _read_by_report(run_dir, run_options))
         data = report_page.write(run_dir, target, run_options, as_json=as_json, samples=samples,
                                  output_options=so.options_for(target, options) if options else None)
     s = data["summary"]
     click.echo(f"report of {s['done']}/{s['tasks']} tasks done, {s['failed']} failed: {safe(target)}", err=True)
+
+
+def _read_by_report(run_dir: str, options: dict[str, Any] | None) -> list[str]:
+    """What the page is made from and about, which -o must not replace: the run directory's plan and every
+    task's input and output shards (the sample sheet reads some). Nothing when there is no plan to read
+    (the report then says why it cannot be made)."""
+    from shardflow.rundir.layout import PLAN
+    from shardflow.rundir.run_dir import RunDir
+    from shardflow.storage.paths import join
+
+    rundir = RunDir(run_dir, options)
+    try:
+        plan = rundir.read_json(PLAN)
+    except (OSError, ValueError):
+        return []
+    shards = [join(run_dir, PLAN)]
+    for task in rundir.load_tasks(plan, range(rundir.task_count(plan))):
+        shards.extend((*task.inputs, task.output))
+    return shards

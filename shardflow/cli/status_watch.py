@@ -7,8 +7,9 @@ proceeds only after a complete run.
 
 The watch reads the run directory every interval (listings only: rundir.status) and keeps what it
 saw between polls: the failed tasks already shown, so each new failure is printed once, as it
-happens. On a terminal it redraws the whole status (running tasks with worker and age, rate, ETA);
-otherwise it prints one line per poll. It ends when no task is left to run (done or failed).
+happens. On a terminal it redraws the whole status (running tasks with worker, age and last beat, rate,
+ETA); otherwise it prints one line per poll (the first running tasks with their samples so far). It
+ends when no task is left to run (done or failed).
 """
 
 from __future__ import annotations
@@ -47,10 +48,20 @@ def line(status: RunStatus) -> str:
     tasks_s, samples_s, _ = tally.rate()
     eta = tally.eta()
     running = ", ".join(f"task {r.task} on {safe(r.worker, 80)} for {duration(tally.read_at - r.start)}"
-                        for r in tally.running[:3])
+                        f"{_beat_brief(r, tally.read_at)}" for r in tally.running[:3])
     more = f" and {len(tally.running) - 3} more" if len(tally.running) > 3 else ""
     return (text + (f"; running: {running}{more}" if running else "") + f"; {samples_s:.1f} samples/s"
             + (f", ETA {duration(eta)}" if eta is not None else ""))
+
+
+def _beat_brief(entry: Any, now: float) -> str:
+    """A running task's last beat in a few words: " (1200 samples, 9.6/s)", or status's stale note."""
+    beat = entry.beat
+    if beat is not None and beat.stale(now):
+        return f" [no progress for {duration(beat.idle(now))} (hung or killed?)]"
+    if beat is None or beat.is_first(entry.start):
+        return ""
+    return f" ({beat.samples_in} samples, {beat.rate(entry.start):.1f}/s)"
 
 
 def watch(read: Callable[[], RunStatus], interval: float, *, check: bool = False,

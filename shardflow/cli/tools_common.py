@@ -5,16 +5,19 @@ terminal-safe text. The tools that run a job (split, cat -o, sort, map) run it t
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import re
+from typing import Any, Callable, Iterable
 
 import click
 
-from shardflow.cli.common import STORAGE_OPTION_HELP, parse_storage_options, setting_option
+from shardflow.cli.common import EXIT_ERROR, STORAGE_OPTION_HELP, Fail, parse_storage_options, setting_option
 from shardflow.cli.running import backend_flags
 from shardflow.errors import ON_ERROR
+from shardflow.job.guard import inputs_at
 from shardflow.storage import options as so
 from shardflow.storage.specs import expand
 from shardflow.text import escape
+from shardflow.tools.runner import STDOUT, stdout_tar_problem
 
 
 def printable(text: Any) -> str:
@@ -79,3 +82,38 @@ def expand_all(specs: tuple[str, ...] | list[str], options: dict[str, Any] | Non
     for spec in specs:
         urls.extend(expand(spec, so.options_for(spec, options)))
     return urls
+
+
+# ------------------------------------------------------------------------------------------------
+# where a tool that writes one file (head, create, tsv, show, index, report) may write it
+
+
+def refuse_input_as_output(output: str, inputs: Iterable[str]) -> None:
+    """Exit 2 with one line, before anything is written, when `output` resolves to one of `inputs` (the
+    job runner's rule and comparison: job.guard.input_at): writing it would destroy what is being read.
+    Standard input/output (`-`) and pipes are streams, never files to compare."""
+    if output == STDOUT or output.startswith("pipe:"):
+        return
+    found = inputs_at([output], (u for u in inputs if u != STDOUT and not u.startswith("pipe:"))).get(output)
+    if found is not None:
+        raise Fail(f"output {output} is the input {found}: writing it would destroy the input; write the output "
+                   "somewhere else", EXIT_ERROR)
+
+
+def refuse_tar_to_terminal(output: str) -> None:
+    """Exit 2 with one line when a tar would go to standard output and that is a terminal
+    (tools.runner.stdout_tar_problem: the one rule of `-o -`)."""
+    problem = stdout_tar_problem(output)
+    if problem:
+        raise Fail(problem, EXIT_ERROR)
+
+
+_KEPT = re.compile(r"(\n|\t)")
+
+
+def terminal_bytes(data: bytes) -> bytes:
+    """Member bytes as a terminal may show them: text kept, newlines and tabs kept, every other control,
+    format or undecodable character escaped (shardflow.text.escape; bytes that are not UTF-8 as \\xNN), so a
+    member cannot clear the screen, retitle the window or move the cursor."""
+    text = data.decode("utf-8", errors="backslashreplace")
+    return "".join(part if _KEPT.fullmatch(part) else escape(part) for part in _KEPT.split(text)).encode()

@@ -15,6 +15,7 @@ import click
 
 from shardflow.cli.common import setting_option, spec_inputs
 from shardflow.cli.locations import location_flags
+from shardflow.cli.numbers import finite
 from shardflow.cli.running import run_job_command
 from shardflow.cli.tools_common import expand_all, job_flags, job_kwargs
 from shardflow.tools.sort import DEFAULT_MEMORY, SortSamples, passthrough
@@ -109,9 +110,10 @@ def cat_command(spec: tuple[str, ...], output: str | None, keys: tuple[str, ...]
 @click.option("--by", default="key", show_default=True, metavar="key|FIELD",
               help="sort by the sample key, or a field: a member (cls) or a dotted path into JSON (json.label)")
 @click.option("--reverse", is_flag=True, help="descending (samples without the field still go last)")
-@click.option("--memory", type=float, default=float(DEFAULT_MEMORY), show_default=True,
+@click.option("--memory", type=finite(1), default=float(DEFAULT_MEMORY), show_default=True,
               help="bytes of samples held in memory; a larger shard is sorted in runs spilled to temp files")
-@click.option("--tmpdir", type=click.Path(file_okay=False), help="where spilled runs go (default: $TMPDIR)")
+@click.option("--tmpdir", type=click.Path(exists=True, file_okay=False),
+              help="where spilled runs go (default: $TMPDIR)")
 @job_flags
 def sort_command(spec: tuple[str, ...], output: str, by: str, reverse: bool, memory: float, tmpdir: str | None,
                  **kw: Any) -> None:
@@ -139,7 +141,8 @@ def sort_command(spec: tuple[str, ...], output: str, by: str, reverse: bool, mem
 @click.option("--command", "-c", required=True, metavar="CMD", help="sh -c CMD, run in each sample's directory")
 @click.option("--parallel", "-p", type=click.IntRange(1, 256), default=1, show_default=True,
               help="samples of a task run at the same time (threads; each waits on its own command)")
-@click.option("--timeout", type=float, default=600.0, show_default=True, help="seconds per sample, then killed")
+@click.option("--timeout", type=finite(0, above=True), default=600.0, show_default=True,
+              help="seconds per sample, then killed")
 @click.option("--env", "env", multiple=True, metavar="NAME=VALUE", help="add a variable to the clean environment")
 @click.option("--pass-env", "pass_env", multiple=True, metavar="NAME", help="copy a variable from this environment")
 @click.option("--tmpdir", type=click.Path(file_okay=False),

@@ -13,13 +13,24 @@ from typing import Any
 
 import click
 
-from shardflow.cli.common import EXIT_FAILED, Fail, one_line_errors, parse_storage_options, setting_option, spec_inputs
+from shardflow.cli.common import (
+    EXIT_ERROR,
+    EXIT_FAILED,
+    Fail,
+    one_line_errors,
+    parse_storage_options,
+    setting_option,
+    spec_inputs,
+)
+from shardflow.cli.numbers import finite
 from shardflow.cli.tools_common import (
     allow_pipe_option,
     expand_all,
     printable,
     progress_bar,
     progress_option,
+    refuse_input_as_output,
+    refuse_tar_to_terminal,
     storage_option,
 )
 from shardflow.errors import JobError
@@ -28,7 +39,9 @@ from shardflow.shards.writer import TarWriter
 from shardflow.storage import options as so
 from shardflow.storage.paths import is_local, local_path
 from shardflow.storage.schemes import open_read
+from shardflow.task.spec import MIN_MAXSIZE
 from shardflow.tools.create_sources import MAX_MEMBER_BYTES
+from shardflow.tools.runner import STDOUT
 
 
 def register(group: click.Group) -> None:
@@ -47,7 +60,7 @@ _PROGRESS = progress_option
 @click.option("--recipe", is_flag=True, help="SOURCE is a recipe/TSV of 'archive-name source' lines "
               "(default when SOURCE is a file; '-' reads stdin)")
 @setting_option("maxcount", type=click.IntRange(min=1), metavar="N", default=100_000, show_default=True)
-@setting_option("maxsize", metavar="BYTES", default=3e9, show_default=True)
+@setting_option("maxsize", metavar="BYTES", default=3e9, show_default=True, type=finite(MIN_MAXSIZE))
 @click.option("--shuffle", is_flag=True, help="permute the samples (deterministic for a --seed)")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--keys", type=click.Choice(["from-path", "index"]), default="from-path", show_default=True,
@@ -58,7 +71,7 @@ _PROGRESS = progress_option
               "tar -h), when they lie inside the tree [default: links are skipped with a warning]")
 @click.option("--allow-outside", is_flag=True, help="read sources outside the tree or the recipe's folder: links "
               "leading out of the tree (with --dereference), a recipe's absolute paths, ../ paths and URLs")
-@click.option("--max-member-size", "max_member", metavar="BYTES", type=float, default=float(MAX_MEMBER_BYTES),
+@click.option("--max-member-size", "max_member", metavar="BYTES", type=finite(1), default=float(MAX_MEMBER_BYTES),
               show_default=True, help="a source larger than this fails (bounded reads: a device or an endless "
               "pipe: source never fills memory)")
 @_PROGRESS
@@ -79,23 +92,39 @@ def create_command(source: str, output: str, recipe: bool, maxcount: int, maxsiz
       shardflow create photos/ -o 'shards/photos-{part:06d}.tar' --maxcount 10000
       printf 'a/001.txt text:hello\\na/001.jpg s3://b/x.jpg\\n' | shardflow create - -o one.tar
     """
-    from shardflow.tools.create import group_samples, plan_directory, plan_recipe, plan_remote_tree, write_shards
+    from shardflow.tools.create import (
+        group_samples,
+        own_outputs,
+        plan_directory,
+        plan_recipe,
+        plan_remote_tree,
+        write_shards,
+    )
     from shardflow.tools.create_sources import SourceScope
 
     options = parse_storage_options(storage_option)
     if max_member < 1:
         raise click.BadParameter("must be at least 1 byte", param_hint="--max-member-size")
+    refuse_tar_to_terminal(output)
     with one_line_errors(options, catch=(JobError,)):
         if recipe or os.path.isfile(source) or source == "-":
+            refuse_input_as_output(output, [source])  # the recipe itself
             scope = SourceScope.of_recipe(source, allow_pipe=allow_pipe, allow_outside=allow_outside)
             pairs = plan_recipe(_recipe_lines(source, options), source, allow_pipe, scope)
-        elif is_local(source):
-            warnings = _Warnings()
-            pairs = plan_directory(local_path(source), dereference=dereference, allow_outside=allow_outside,
-                                   skipped=warnings)
-            warnings.close()
+            named = own_outputs(pairs, output)
+            if named:  # the recipe asks for it: refused, not left out
+                raise Fail(f"recipe {printable(source)} names {printable(named[0])}, an output of this command, as "
+                           "a source: packing it would replace it while it is read; write the output elsewhere",
+                           EXIT_ERROR)
         else:
-            pairs = plan_remote_tree(source, options)
+            if is_local(source):
+                warnings = _Warnings()
+                pairs = plan_directory(local_path(source), dereference=dereference, allow_outside=allow_outside,
+                                       skipped=warnings)
+                warnings.close()
+            else:
+                pairs = plan_remote_tree(source, options)
+            pairs = _without_own_outputs(pairs, own_outputs(pairs, output))
         samples = group_samples(pairs, keys=keys, shuffle=shuffle, seed=seed)
     if not samples:
         raise Fail(f"{printable(source)} holds no files to pack")
@@ -108,7 +137,22 @@ def create_command(source: str, output: str, recipe: bool, maxcount: int, maxsiz
         bar.close()
     nbytes = sum(i.nbytes for i in infos)
     click.echo(f"{len(samples)} samples in {len(infos)} shard(s), {nbytes} bytes: "
-               + ", ".join(printable(i.url) for i in infos[:3]) + (" ..." if len(infos) > 3 else ""))
+               + ", ".join(printable(i.url) for i in infos[:3]) + (" ..." if len(infos) > 3 else ""),
+               err=output == STDOUT)  # with -o -, stdout holds nothing but the tar
+
+
+def _without_own_outputs(pairs: list[tuple[str, str]], own: list[str]) -> list[tuple[str, str]]:
+    """`pairs` without the shards this command writes (an earlier run's outputs inside the folder it packs,
+    as GNU tar leaves out its own archive), saying so on stderr."""
+    if not own:
+        return pairs
+    left_out = set(own)
+    for source in own[:_Warnings.SHOWN]:
+        click.echo(f"shardflow: warning: {printable(source)} left out: -o names it, so it is this "
+                   "command's output (an earlier run's, or replaced now), not a source", err=True)
+    if len(own) > _Warnings.SHOWN:
+        click.echo(f"shardflow: warning: {len(own) - _Warnings.SHOWN} more outputs left out", err=True)
+    return [pair for pair in pairs if pair[1] not in left_out]
 
 
 class _Warnings:
@@ -158,12 +202,18 @@ def head_command(spec: tuple[str, ...], count: int, output: str, progress: bool 
     \b
       shardflow head 's3://b/train-{000000..000099}.tar' -n 100 -o sample.tar
     """
+    from shardflow.task.process import output_key_problem
+
     options = parse_storage_options(storage_option)
+    refuse_tar_to_terminal(output)
+    with one_line_errors(options):
+        urls = expand_all(spec, options)
+    refuse_input_as_output(output, urls)
     bar = _progress(progress, count, "sample")
-    written = 0
+    written, left_out = 0, 0
+    produced_by: dict[str, str] = {}  # key -> the shard it came from: a key twice would not read back
     try:
         with one_line_errors(options, exit_code=EXIT_FAILED):
-            urls = expand_all(spec, options)
             with TarWriter(output, storage_options=so.options_for(output, options)) as writer:
                 for url in urls:
                     if written >= count:
@@ -172,10 +222,18 @@ def head_command(spec: tuple[str, ...], count: int, output: str, progress: bool 
                                                allow_pipe=allow_pipe):
                         if written >= count:
                             break
+                        key = sample["__key__"]
+                        problem = output_key_problem(key, key, produced_by, url=url)  # cat -o's check
+                        if problem is not None:  # left out and said, as cat -o's default on_error does
+                            left_out += 1
+                            click.echo(f"shardflow: warning: {printable(problem)}; left out", err=True)
+                            continue
+                        produced_by[key] = f"{key} of {url}"
                         writer.write(sample)
                         written += 1
                         bar.update(1)
     finally:
         bar.close()
-    short = f" (SPEC holds only {written})" if written < count else ""
-    click.echo(f"{written} samples written to {printable(output)}{short}", err=True)
+    short = f" (SPEC holds only {written + left_out})" if written < count else ""
+    dropped = f"; {left_out} samples left out (see the warnings above)" if left_out else ""
+    click.echo(f"{written} samples written to {printable(output)}{short}{dropped}", err=True)

@@ -28,6 +28,7 @@ from shardflow.cli.tools_common import (
     printable,
     progress_bar,
     progress_option,
+    refuse_input_as_output,
     storage_option,
 )
 from shardflow.errors import DEFAULT_ON_ERROR_READ, ShardflowError
@@ -194,6 +195,8 @@ def tsv_command(spec: tuple[str, ...], fields: tuple[str, ...], fmt: str, output
     bar = progress_bar(progress, None, "sample")
     with one_line_errors(options, exit_code=EXIT_FAILED, broken_pipe_ok=True):
         urls = expand_all(spec, options)
+        if output is not None:
+            refuse_input_as_output(output, urls)
         if output is None:
             for sample in _samples(urls, options, allow_pipe, on_error):
                 row = _row(sample, fields, on_error, max_chars)
@@ -247,7 +250,10 @@ def show_command(spec: tuple[str, ...], count: int, output: str | None, columns:
 
     options = parse_storage_options(storage_option)
     with one_line_errors(options, exit_code=EXIT_FAILED, broken_pipe_ok=True):
-        tiles = _tiles(expand_all(spec, options), options, allow_pipe, count, image_ext, label_field)
+        urls = expand_all(spec, options)
+        if output:
+            refuse_input_as_output(output, urls)
+        tiles = _tiles(urls, options, allow_pipe, count, image_ext, label_field)
         if not tiles:
             raise Fail("no sample with an image member" + (f" {image_ext!r}" if image_ext else ""), EXIT_FAILED)
         image = sheet.render(tiles, columns, size)

@@ -17,6 +17,8 @@ import click
 
 from shardflow.cli.common import (
     EXIT_ERROR,
+    EXIT_FAILED,
+    Fail,
     job_inputs_option,
     one_line_errors,
     parse_storage_options,
@@ -97,4 +99,6 @@ def preview_command(jobfile: str, inputs: str | list[str] | None, count: int, se
         if sheet:
             images = write_sheet([o for _, o in outputs], sheet)
             click.echo(f"contact sheet of {images} images: {sheet}" if images else "no images to draw: no sheet")
+    if outputs and all(isinstance(result, BaseException) for _, result in outputs):  # shown above, with tracebacks
+        raise Fail(f"process() raised on every previewed sample ({len(outputs)} of {len(outputs)})", EXIT_FAILED)
 

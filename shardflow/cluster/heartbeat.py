@@ -7,19 +7,11 @@ prints samples done in the chunk so far, the rate, and the task it is in.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Callable, TextIO
 
-DEFAULT_EVERY_S = 30.0
-
-
-def heartbeat_seconds() -> float:
-    """The interval from the environment (the manifests may set it); bad values fall back to 30 s."""
-    try:
-        return max(0.0, float(os.environ.get("SHARDFLOW_HEARTBEAT", DEFAULT_EVERY_S)))
-    except ValueError:
-        return DEFAULT_EVERY_S
+# the interval's one owner: rundir.beats (the same interval refreshes each task's running/ entry)
+from shardflow.rundir.beats import heartbeat_seconds
 
 
 class ChunkHeartbeat:

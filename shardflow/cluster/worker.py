@@ -30,7 +30,7 @@ from shardflow.cluster.contract import (
     exit_code,
 )
 from shardflow.cluster.heartbeat import ChunkHeartbeat
-from shardflow.errors import JobError
+from shardflow.errors import JobError, RunStateError
 from shardflow.rundir.layout import failed_file
 from shardflow.rundir.report import RunReport, build_report
 from shardflow.rundir.run_dir import RunDir
@@ -87,9 +87,12 @@ def open_run_dir(url: str, storage_options: dict[str, Any] | None) -> tuple[RunD
         raise WorkerExit(EXIT_STOP, f"cannot use run directory {url}: {type(exc).__name__}: {exc}") from exc
     try:
         plan = run_dir.load_plan()
+    except RunStateError as exc:  # plan.json unreadable: the line names it and says what to do
+        raise WorkerExit(EXIT_STOP, str(exc)) from exc
     except JobError as exc:  # reachable, but no plan.json: the Job was submitted before the plan
-        raise WorkerExit(EXIT_STOP, f"{exc}; write it with `shardflow k8s/argo` (without --no-prepare) "
-                                    "or `shardflow plan` before starting the pods") from exc
+        raise WorkerExit(EXIT_STOP, f"{exc}; write it with `shardflow k8s/argo/slurm` (without --no-prepare) "
+                                    "or `shardflow worker --prepare JOBFILE --run-dir URL` before starting the "
+                                    "workers") from exc
     except Exception as exc:  # noqa: BLE001 - network, permissions, throttling: all worth a retry
         raise WorkerExit(EXIT_RETRY, f"run directory {url} unreachable: {type(exc).__name__}: {exc}") from exc
     return run_dir, plan
@@ -134,6 +137,9 @@ def run_chunk(url: str, index: int, tasks_per_index: int = 1, *, storage_options
     except WorkerExit as exc:
         _log(err, so.scrub(f"shardflow worker: index {index}: {exc} (exit {exc.code})", storage_options))
         return exc.code
+    except RunStateError as exc:  # a plan chunk unreadable: retrying reads the same bytes, so stop the run
+        _log(err, so.scrub(f"shardflow worker: index {index}: {exc} (exit {EXIT_STOP})", storage_options))
+        return EXIT_STOP
 
 
 def _run_chunk(url: str, index: int, tasks_per_index: int, storage_options: dict[str, Any] | None,
@@ -152,6 +158,8 @@ def _run_chunk(url: str, index: int, tasks_per_index: int, storage_options: dict
         try:
             # records task failures itself; what escapes is run-dir trouble
             result = run_task(task, job, progress=beat)
+        except RunStateError:  # an unreadable file of it (a done marker): named, exit 78, not retried
+            raise
         except Exception as exc:  # noqa: BLE001 - the run directory went away mid-chunk
             raise WorkerExit(EXIT_RETRY, f"task {task.id}: {type(exc).__name__}: {exc}") from exc
         results.append(result)

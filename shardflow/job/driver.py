@@ -12,10 +12,12 @@ from shardflow.errors import JobError
 from shardflow.job.backend_registry import backend as get_backend
 from shardflow.job.progress import DEFAULT_HEARTBEAT_S, Progress, json_reader, known_total
 from shardflow.job.trial import prepare_trial
+from shardflow.rundir.beats import stop_idle_beats
 from shardflow.rundir.lease import RunLease
 from shardflow.rundir.report import RunReport, build_report
 from shardflow.rundir.summaries import LiveSpans
 from shardflow.rundir.tasks import Task, TaskResult
+from shardflow.storage.stale_uploads import abort_left_uploads
 
 if TYPE_CHECKING:
     from shardflow.job.shard_job import ShardJob
@@ -29,10 +31,13 @@ def run_job(job: "ShardJob", backend: str = "processes", *, steal: bool = False,
     (rundir.lease: a second driver is refused; `steal` takes over an expired one); a trial run (`limit`)
     writes only to its scratch run and takes none. Options: see `_run_pending`.
     """
-    if options.get("limit") is not None:
-        return _run_pending(job, backend, **options)
-    with RunLease(job.rundir(), steal=steal) as lease:
-        return _run_pending(job, backend, lease=lease, **options)
+    try:
+        if options.get("limit") is not None:
+            return _run_pending(job, backend, **options)
+        with RunLease(job.rundir(), steal=steal) as lease:
+            return _run_pending(job, backend, lease=lease, **options)
+    finally:
+        stop_idle_beats()  # tasks run in this process (serial) leave no beat thread behind
 
 
 def _run_pending(job: "ShardJob", backend: str = "processes", *, force: bool = False,
@@ -85,6 +90,8 @@ def _run_pending(job: "ShardJob", backend: str = "processes", *, force: bool = F
     finally:
         stream.close()
         bar.close()
+    if not interrupted and len(results) == len(pending):  # no task of this run is in flight any more
+        abort_left_uploads(((t.output, t.output_parts) for t in pending), job.options_for)  # storage.stale_uploads
     skipped = len(ids) - len(pending) + sum(r.status == "skipped" for r in results.values())
     return build_report(run_dir, list(ids), results, started, skipped=skipped, interrupted=interrupted,
                         written=spans.written)

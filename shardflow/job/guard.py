@@ -26,13 +26,13 @@ from shardflow.rundir.layout import DEFAULT_NAME, PLAN
 from shardflow.rundir.plan_table import TaskTable
 from shardflow.rundir.run_dir import RunDir
 from shardflow.rundir.tasks import Task
+from shardflow.shards import formats
 from shardflow.storage.atomic import is_temp_name
 from shardflow.storage.paths import filesystem, is_local, join, local_path, protocol
 
 if TYPE_CHECKING:
     from shardflow.job.shard_job import ShardJob
 
-SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 MAX_DIRS_LISTED = 64  # output directories looked into (a pattern with {task} in the folder has many)
 
 
@@ -114,6 +114,15 @@ def check_not_in_place(tasks: list[Task]) -> None:
                                "would destroy its inputs; write the outputs somewhere else")
 
 
+def inputs_at(outputs: Iterable[str], inputs: Iterable[str]) -> dict[str, str]:
+    """output -> the input it resolves to, for each of `outputs` that is one of `inputs`: the comparison of
+    check_not_in_place, for the tools that write files outside the job runner (head, create, tsv, show,
+    index, report)."""
+    resolve = _Resolver()
+    found = {resolve(u): u for u in inputs}
+    return {output: found[where] for output in outputs if (where := _canonical(output)) in found}
+
+
 def _planned(tasks: Iterable[Task]) -> tuple[set[str], dict[str, list[str]]]:
     names: set[str] = set()
     patterns: dict[str, list[str]] = {}
@@ -140,7 +149,7 @@ def _existing_shards(directory: str, options: dict[str, Any] | None) -> list[str
     out = []
     for entry in entries:
         base = entry.rstrip("/").rsplit("/", 1)[-1]
-        if base.endswith(SHARD_SUFFIXES) and not base.startswith(".") and not is_temp_name(base):
+        if formats.is_shard_name(base) and not base.startswith(".") and not is_temp_name(base):
             url = entry if is_local(directory) else f"{protocol(directory)}://{entry.split('://', 1)[-1]}"
             out.append(_canonical(url))
     return out
@@ -269,13 +278,15 @@ def check_code(job: "ShardJob", run_dir: RunDir, *, redo: bool = False, resume_a
                overwrite: bool = False) -> dict[str, Any]:
     """After the plan is written: refuse a run directory planned with other code unless told what to do.
 
-    `redo`: forget every finished task (they rerun and rewrite their outputs); `resume_anyway`: keep them.
-    Either way plan.json then records the new code. `overwrite` is recorded too (reruns do not ask again).
+    `redo`: forget every finished task (they rerun and rewrite their outputs), with the same code too: a
+    redo is "start over", whatever changed; `resume_anyway`: keep them. Either way plan.json then records
+    the new code. `overwrite` is recorded too (reruns do not ask again). The plan itself is kept: init_plan
+    has just stored it (with its chunk files, which a redo must not delete).
     """
     code = code_fingerprint(job)
     plan = run_dir.read_json(PLAN)
     old = plan.get("code")
-    if old is not None and same_code(old, code):
+    if old is not None and same_code(old, code) and not redo:
         if overwrite and not plan.get("overwrite"):
             run_dir.write_json(PLAN, {**plan, "overwrite": True})
         return code
@@ -284,7 +295,7 @@ def check_code(job: "ShardJob", run_dir: RunDir, *, redo: bool = False, resume_a
                        f"({code_difference(old, code)}): pass --redo (redo=True) to run every task again into "
                        "fresh outputs, or --resume-anyway (resume_anyway=True) to keep the finished tasks")
     if redo:
-        run_dir.reset()
+        run_dir.forget_progress()
     recorded = {**plan, "code": code, **({"overwrite": True} if overwrite else {})}
     run_dir.write_json(PLAN, recorded)  # old plans (no "code" key) adopt the current code
     return code

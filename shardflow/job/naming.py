@@ -3,6 +3,8 @@
 `outputs` is either a spec naming one shard per task (matched by position), or a pattern with the
 fields {task}, {name} (the input shard's basename without its tar suffix) and {part} (the rollover
 part within a task). A fixed name that rolls over gets `_001`, `_002`... before its first dot.
+Shard suffixes and what a name's compression means belong to shards.formats: a part-0 name shardflow
+cannot write as it says (`.tar.lz4`; `.tar.zst` without the zstd extra) is refused here, at plan time.
 """
 
 from __future__ import annotations
@@ -16,19 +18,20 @@ from typing import Any, Sequence
 import braceexpand
 
 from shardflow.errors import JobError
+from shardflow.shards.formats import UnwritableName, check_output_name, shard_stem
+
+__all__ = ["check_parts_apart", "check_writable", "first_output_folder", "is_pattern", "output_names", "pattern_name",
+           "shard_stem"]
 
 _FIELD = re.compile(r"\{(task|name|part)(?:[:!][^}]*)?\}")
-_TAR_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar",  # read compressed (bz2, xz too)
-                 ".cbors", ".msgpacks", ".mps")  # and record streams
 
 
-def shard_stem(url: str) -> str:
-    """Basename of a shard without its tar suffix: `s3://b/train-000003.tar.gz` -> `train-000003`."""
-    base = url.rstrip("/").rsplit("/", 1)[-1]
-    for suffix in _TAR_SUFFIXES:
-        if base.endswith(suffix):
-            return base[: -len(suffix)]
-    return base
+def check_writable(name: str) -> None:
+    """Refuse, as a one-line JobError, an output name shardflow cannot write as it says."""
+    try:
+        check_output_name(name)
+    except UnwritableName as exc:
+        raise JobError(str(exc)) from None
 
 
 def _escape(text: str) -> str:
@@ -90,6 +93,8 @@ def output_names(outputs: str | Sequence[str], groups: Sequence[Sequence[str]]) 
         )
     if len(set(expanded)) != len(expanded):
         raise JobError("outputs name the same shard more than once")
+    for url in expanded:
+        check_writable(url)
     return [(url, with_part_suffix(url)) for url in expanded]
 
 
@@ -98,7 +103,7 @@ def pattern_name(pattern: str, task_id: int, first_input: str) -> tuple[str, str
 
     Input names come from whoever fills the bucket: a stem `.` or `..` (an input named `...tar`), or a
     filled name that leaves the folder the pattern's literal prefix names, is refused."""
-    stem = shard_stem(first_input)
+    stem = "stdin" if first_input == "-" else shard_stem(first_input)  # `-` reads standard input
     if stem in (".", "..") and "{name" in pattern:
         raise JobError(f"input {first_input!r} of task {task_id} has the name {stem!r}, which as {{name}} in "
                        f"output pattern {pattern!r} would point outside the output folder; rename the input")
@@ -109,6 +114,7 @@ def pattern_name(pattern: str, task_id: int, first_input: str) -> tuple[str, str
         name = filled.replace("{{", "{").replace("}}", "}")
         parts = with_part_suffix(name)
     _check_inside(pattern, name, task_id, first_input)
+    check_writable(name)
     return name, parts
 
 
@@ -134,6 +140,48 @@ def _check_inside(pattern: str, name: str, task_id: int, first_input: str) -> No
 
 def _pattern_names(pattern: str, groups: Sequence[Sequence[str]]) -> list[tuple[str, str]]:
     names = [pattern_name(pattern, task_id, group[0]) for task_id, group in enumerate(groups)]
-    if len({n for n, _ in names}) != len(names):
-        raise JobError(f"output pattern {pattern!r} gives the same name to several tasks; add {{task}} or {{name}}")
+    first: dict[str, int] = {}
+    for task_id, (name, _) in enumerate(names):
+        other = first.setdefault(name, task_id)
+        if other != task_id:
+            hint = (f"their inputs {groups[other][0]!r} and {groups[task_id][0]!r} share the name; add {{task}}"
+                    if "{name" in pattern else "add {task} or {name}")
+            raise JobError(f"output pattern {pattern!r} gives the same name {name!r} to tasks {other} and "
+                           f"{task_id}: {hint}")
     return names
+
+
+def check_parts_apart(names: Sequence[tuple[str, str]]) -> None:
+    """Refuse names where a rollover part of one task is another task's output: each would replace the
+    other's shard, and the samples in the one replaced are lost. It happens with plain names: re-splitting
+    `a.tar` and `a_001.tar` (the parts of an earlier split) into `{name}.tar` gives task 0 the part
+    `a_001.tar`. For jobs that roll over (maxcount/maxsize); O(tasks): a name is looked up by each run
+    of digits in it, as the number of a part of the task whose part names frame that run.
+    `names`: (URL of part 0, format string of the rollover parts) of each task, as output_names gives."""
+    frames: dict[tuple[str, str], list[tuple[int, str]]] = {}
+    for task_id, (_, parts) in enumerate(names):
+        frame = _part_frame(parts)
+        if frame is not None:
+            frames.setdefault(frame[:2], []).append((task_id, frame[2]))
+    for task_id, (name, _) in enumerate(names):
+        for digits in re.finditer(r"\d+", name):
+            for other, spec in frames.get((name[: digits.start()], name[digits.end():]), ()):
+                number = int(digits.group())
+                if other != task_id and number >= 1 and format(number, spec) == digits.group():
+                    raise JobError(f"rollover part {number} of task {other} (output {names[other][0]!r}) would "
+                                   f"be {name!r}, the output of task {task_id}: one would replace the other and "
+                                   "its samples would be lost; name the outputs apart (an explicit {part} field "
+                                   "in the pattern, e.g. 'out/{name}-{part:03d}.tar')")
+
+
+def _part_frame(parts: str) -> tuple[str, str, str] | None:
+    """(literal text before the {part} field, literal text after it, its format spec) of a parts format
+    string; None unless it has exactly one field, {part}."""
+    pieces = list(string.Formatter().parse(parts))
+    fields = [i for i, (_, field, _, _) in enumerate(pieces) if field is not None]
+    if len(fields) != 1 or pieces[fields[0]][1] != "part" or pieces[fields[0]][3]:
+        return None
+    at = fields[0]
+    before = "".join(text for text, _, _, _ in pieces[:at + 1])
+    after = "".join(text for text, _, _, _ in pieces[at + 1:])
+    return before, after, pieces[at][2] or ""

@@ -22,10 +22,9 @@ from typing import Any, Callable, TextIO
 
 from tqdm import tqdm
 
+from shardflow.rundir.beats import DEFAULT_HEARTBEAT_S  # the interval's one owner (re-exported here)
 from shardflow.rundir.layout import summary_beside
 from shardflow.rundir.tasks import Task, TaskResult
-
-DEFAULT_HEARTBEAT_S = 30.0
 
 
 def _clock(seconds: float) -> str:

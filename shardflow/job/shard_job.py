@@ -13,19 +13,27 @@ import dataclasses
 import inspect
 import json
 import uuid
+from itertools import islice
 from typing import Any, Callable
 
-from shardflow.errors import JobError
+from shardflow.errors import JobError, RunStateError
 from shardflow.job import code_origin, guard
 from shardflow.job.backend_registry import front_end
 from shardflow.job.inputs import input_urls, input_views, job_decoder, views_setting
 from shardflow.job.lazy_plan import table_from_specs
-from shardflow.job.naming import first_output_folder, output_names
-from shardflow.rundir.plan_store import plan_fingerprint, plan_tasks, same_table
+from shardflow.job.naming import check_parts_apart, first_output_folder, output_names
+from shardflow.rundir.plan_store import (
+    check_readable,
+    plan_fingerprint,
+    plan_from_markers,
+    plan_tasks,
+    same_table,
+)
 from shardflow.rundir.run_dir import RunDir
 from shardflow.rundir.tasks import Task
 from shardflow.shards.spec import is_spec
 from shardflow.storage import options as so
+from shardflow.storage.pipes import refuse_pipes
 from shardflow.storage.specs import count
 from shardflow.task.context import TaskContext
 from shardflow.task.spec import SETTING_NAMES, UNLIMITED, JobSpec, setting_default
@@ -166,9 +174,12 @@ class ShardJob:
             inputs = input_urls(spec.inputs, self.options_for(_first(spec.inputs)))  # or a dataset spec
             per = spec.inputs_per_task
             groups = [inputs[i : i + per] for i in range(0, len(inputs), per)]
+            names = output_names(spec.outputs, groups)
+            if spec.maxcount or spec.maxsize:  # only a job that rolls over writes parts
+                check_parts_apart(names)
             _set(self, _tasks=[
                 Task(task_id, tuple(group), output, parts)
-                for task_id, (group, (output, parts)) in enumerate(zip(groups, output_names(spec.outputs, groups)))
+                for task_id, (group, (output, parts)) in enumerate(zip(groups, names))
             ])
         return self._tasks
 
@@ -244,7 +255,18 @@ class ShardJob:
         spec = self.spec
         table = None if self._tasks is not None else table_from_specs(spec.inputs, spec.outputs, spec.inputs_per_task)
         planned: dict[str, Any] = {"table": table} if table is not None else {"tasks": self.plan()}
-        settings, stored = self.settings(), run_dir.stored_plan()
+        # a refused pipe: stops the job here, before any task or retry (a table's names are one numbered run)
+        checked = planned["tasks"] if table is None else islice(plan_tasks(planned), 1)
+        refuse_pipes((url for task in checked for url in (*task.inputs, task.output)), spec.allow_pipe)
+        settings = self.settings()
+        try:
+            stored = run_dir.stored_plan()
+            if redo and stored is not None:  # an equal plan is kept by a redo: its chunk files must read
+                check_readable(run_dir, stored)
+        except RunStateError:  # plan.json unreadable: named, "use --redo"; a redo plans again over it
+            if not redo:
+                raise
+            stored = plan_from_markers(run_dir)  # the shards its done markers name stay its own
         if same_table(stored, table, settings):  # the stored plan: its fingerprint, without hashing N tasks
             fingerprint = stored["fingerprint"]  # type: ignore[index]
         else:

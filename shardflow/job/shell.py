@@ -1,6 +1,7 @@
 """A shell command per sample (tarproc's `-c CMD`): ShellCommand (the job's fn) and ShellJob.
 
-For each sample: a fresh private directory (mkdtemp, mode 0700; in /dev/shm unless TMPDIR or
+For each sample: a fresh private directory (mkdtemp, mode 0700, named by the worker's pid so that the
+directories of a killed worker are swept by the next one; in /dev/shm unless TMPDIR or
 `tmpdir` say otherwise, see default_tmpdir) receives the members as
 `<key-basename>.<ext>` (names made safe by shell_files: member names are data), `sh -c CMD` runs there
 with no stdin, a timeout, its own session and a clean environment (PATH, HOME and TMPDIR pointing
@@ -132,7 +133,9 @@ class ShellCommand:
         """Run the command on one sample (raw bytes) and return the files it leaves, as a sample
         (None, which drops the sample, when it leaves none: `[ -s x.txt ] || rm -f *` filters)."""
         key, url = sample["__key__"], sample.get("__url__", "")
-        top = tempfile.mkdtemp(prefix="shardflow-sh-", dir=self.tmpdir or default_tmpdir())
+        root = self.tmpdir or default_tmpdir() or tempfile.gettempdir()
+        sweep_dead_sample_dirs(root)
+        top = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=root)
         try:
             work = os.path.join(top, "s")
             os.mkdir(work, 0o700)
@@ -205,6 +208,42 @@ class Running:
             procs = list(self._procs)
         for proc in procs:
             _kill_group(proc, wait=False)
+
+
+_PREFIX = "shardflow-sh-"  # + the pid of the process that made the sample's directory + mkdtemp's part
+_SWEPT: set[tuple[int, str]] = set()  # (pid, root): each process sweeps a root once
+
+
+def sweep_dead_sample_dirs(root: str) -> int:
+    """Remove the sample directories that processes no longer alive left in `root`: a worker killed
+    with SIGKILL never runs its `finally`, and in /dev/shm each directory holds RAM until a reboot. A
+    directory is named by the pid that made it; one whose process lives on (or that we may not signal)
+    is left alone. Once per process and root: a listing of the root, not one per sample."""
+    if (os.getpid(), root) in _SWEPT:
+        return 0
+    _SWEPT.add((os.getpid(), root))
+    removed = 0
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return 0
+    for name in names:
+        pid = name[len(_PREFIX):].partition("-")[0]
+        if not (name.startswith(_PREFIX) and pid.isdigit()) or _alive(int(pid)):
+            continue
+        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive as far as we can tell
+        return True
+    return True
 
 
 _SHM = "/dev/shm"

@@ -57,6 +57,5 @@ def trial_job(job: ShardJob, limit: int, tasks: int | None = None) -> ShardJob:
 def prepare_trial(job: ShardJob, limit: int, tasks: int | None = None) -> tuple[ShardJob, RunDir]:
     """The trial job and its freshly reset scratch run directory, plan written."""
     trial = trial_job(job, limit, tasks)
-    run_dir = trial.prepare(force=True, redo=True, overwrite=True)
-    run_dir.reset()
+    run_dir = trial.prepare(redo=True, overwrite=True)  # a redo forgets the last trial's progress
     return trial, run_dir

@@ -16,6 +16,8 @@ Guarantees (the long version: Loader's docstring):
 - one epoch = every sample exactly once over all ranks and workers (unless equalize/epoch_size ask for
   fixed counts; resampled=True draws shards with replacement instead);
 - the order is a function of (seed, epoch, rank, worker) only, through integer hashing;
+- what map= (and a collate fn) draw at random is a function of (seed, epoch, sample key) only: the
+  global generators and sf.sample_rng(sample) are seeded per sample (reader/seeding.py);
 - `Loader.state_dict()` taken after the n-th batch, loaded into a new Loader (same shards, seed,
   world size and num_workers), yields exactly the batches the first one had not yet returned.
 """
@@ -38,6 +40,7 @@ from shardflow.reader.layout import Layout
 from shardflow.reader.mix import load_shards
 from shardflow.reader.place import ImagePlacer
 from shardflow.reader.prepare import SampleDecoders, SamplePreparer
+from shardflow.reader.seeding import epoch_seed, keeping_global_rngs
 from shardflow.reader.settings import OPTION_NAMES, ReaderOptions, ReaderSettings, option_help
 from shardflow.reader.shard_source import ShardSource
 from shardflow.reader.shm import Ring, RingConfig
@@ -231,6 +234,8 @@ class ShardDataset(IterableDataset):
         if worker == 0:
             self._warn_unequal_ranks(epoch)
         items = iter(self._epoch_stream(worker, workers, epoch, start, gpu_defer))
+        if not in_worker and (self.map is not None or self.collate_fn is not None):
+            items = keeping_global_rngs(items)  # map= reseeds them per sample; the caller's draws stay its own
         finish = self.finish if gpu_defer and not self._tagged else None
         try:
             for item, tag in items:
@@ -295,10 +300,11 @@ class ShardDataset(IterableDataset):
         return EpochStream(
             plan=plan, source=ShardSource(self.urls, s, self._manifest, self._shard_cache, locator=self._locator)
             if self._mix is None else self._mix.source(s, self._shard_cache, self._locator),
-            prepare=SamplePreparer(self._decoders, s.map, s.to_tuple, errors, gpu_defer, placer),
+            prepare=SamplePreparer(self._decoders, s.map, s.to_tuple, errors, gpu_defer, placer,
+                                   seed=epoch_seed(s.seed, epoch)),
             collate=collate_batch, ring=ring, cursor=Cursor(worker, start, errors),
             shuffle=s.shuffle, seed=s.seed, batch_size=s.batch_size, partial=s.partial, gpu_defer=gpu_defer,
-            placer=placer,
+            placer=placer, seeded_collate=s.collate_fn is not None,
         )
 
     def _shard_cache(self) -> ShardCache:

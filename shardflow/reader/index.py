@@ -10,8 +10,10 @@ the reader looks: beside the first shard of the spec (of each collection, for a 
 `output`. Entries already there for other shards are kept.
 
 Resumable: each shard's entry is appended to a local checkpoint (`$SHARDFLOW_INDEX_STATE`, else
-~/.cache/shardflow/index/<hash of the manifest URL>.jsonl) as soon as it is known; a rerun skips the
-shards listed there, so a 100k-shard index killed half way costs the other half only. The manifest is
+~/.cache/shardflow/index/<hash of the manifest's absolute URL>.jsonl) as soon as it is known; a rerun
+skips the shards listed there that have not changed since (size and modification time, or the store's
+ETag: a shard replaced in between is counted again), so a 100k-shard index killed half way costs the
+other half only (and a stat or HEAD per shard done before). The manifest is
 written once, atomically (local rename, or an upload published on close), when every shard of it is
 indexed; then the checkpoint is removed. A shard that fails (damaged, unreadable) is reported with its
 URL and reason and leaves the manifest unwritten (a partial manifest is never used by the reader); the
@@ -28,18 +30,20 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable, Iterator
 
 from shardflow.errors import ShardflowError, ShardIOError
-from shardflow.reader.manifest import summary_url
+from shardflow.reader.manifest import load_manifest, summary_url
+from shardflow.rundir.layout import PLAN
 from shardflow.shards.records import iter_records, record_format
 from shardflow.shards.samples import iter_samples
 from shardflow.shards.spec import is_spec, load_spec
 from shardflow.shards.tar_read import iter_members
 from shardflow.storage.atomic import write_local_atomic
 from shardflow.storage.options import options_for
-from shardflow.storage.paths import is_local, local_path
+from shardflow.storage.paths import filesystem, is_local, local_path
 from shardflow.storage.schemes import open_read, open_write
 from shardflow.storage.specs import expand
 
 STATE_ENV = "SHARDFLOW_INDEX_STATE"
+_VERSION = "version"  # of a checkpoint entry: shard_version() when it was read (not in the manifest)
 _CHUNK = 1 << 20
 
 
@@ -56,6 +60,7 @@ class Outcome:
     """What an index run did: manifests written, shards indexed now and before, failures (url, reason)."""
 
     written: list[str] = field(default_factory=list)
+    counted_by_job: list[str] = field(default_factory=list)  # job summaries that already count their shards
     indexed: int = 0
     resumed: int = 0
     failed: list[tuple[str, str]] = field(default_factory=list)
@@ -122,10 +127,30 @@ def index_shard(url: str, storage_options: Any = None) -> dict[str, Any]:
     return {"url": url, "nsamples": nsamples, "nbytes": hashing.nbytes, "sha256": hashing.sha.hexdigest()}
 
 
+_VERSION_KEYS = ("size", "etag", "mtime", "lastmodified", "last_modified", "generation", "md5hash", "updated")
+
+
+def shard_version(url: str, storage_options: Any = None) -> str:
+    """What says a shard is still the one a checkpoint entry counted: size and mtime of a local file, the
+    store's size, ETag / generation / modification time of an object ('' when it cannot be looked at:
+    then the shard is indexed again). Taken before the shard is read, so a shard replaced while it was
+    read differs at the next resume."""
+    try:
+        if is_local(url):
+            st = os.stat(local_path(url))
+            return f"{st.st_size}:{st.st_mtime_ns}"
+        fs, path = filesystem(url, options_for(url, storage_options))
+        info = fs.info(path)
+        return json.dumps({k: str(v) for k, v in sorted(info.items()) if k.lower() in _VERSION_KEYS})
+    except Exception:  # noqa: BLE001 - unknown: the checkpoint entry is not trusted
+        return ""
+
+
 def _index_one(job: tuple[str, Any]) -> tuple[str, dict[str, Any] | None, str | None]:
     url, options = job
     try:
-        return url, index_shard(url, options), None
+        version = shard_version(url, options)
+        return url, {**index_shard(url, options), _VERSION: version}, None
     except ShardflowError as exc:
         return url, None, str(exc)
     except (OSError, ValueError, EOFError) as exc:
@@ -133,10 +158,12 @@ def _index_one(job: tuple[str, Any]) -> tuple[str, dict[str, Any] | None, str | 
 
 
 def state_path(manifest: str) -> str:
-    """The local checkpoint of the index of `manifest`."""
+    """The local checkpoint of the index of `manifest`: named by the manifest's absolute path (two
+    folders' `-o idx.json` are two checkpoints, not one)."""
     folder = os.environ.get(STATE_ENV) or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "shardflow", "index")
-    return os.path.join(folder, hashlib.sha256(manifest.encode()).hexdigest()[:32] + ".jsonl")
+    where = os.path.abspath(local_path(manifest)) if is_local(manifest) else manifest
+    return os.path.join(folder, hashlib.sha256(where.encode("utf-8", "surrogateescape")).hexdigest()[:32] + ".jsonl")
 
 
 def _load_state(path: str) -> dict[str, dict[str, Any]]:
@@ -164,9 +191,14 @@ def run_index(plan: list[Target], storage_options: Any = None, *, processes: int
     total = sum(len(t.urls) for t in plan)
     finished = 0
     for target in plan:
+        if _counted_by_its_job(target, storage_options):
+            outcome.counted_by_job.append(target.manifest)
+            finished += len(target.urls)
+            continue
         path = state_path(target.manifest)
         wanted = set(target.urls)
-        done = {u: e for u, e in _load_state(path).items() if u in wanted}
+        done = {u: e for u, e in _load_state(path).items()
+                if u in wanted and e.get(_VERSION) and e[_VERSION] == shard_version(u, storage_options)}
         outcome.resumed += len(done)
         finished += len(done)
         todo = [u for u in target.urls if u not in done]
@@ -185,10 +217,35 @@ def run_index(plan: list[Target], storage_options: Any = None, *, processes: int
                 if progress is not None:
                     progress(finished, total)
         if len(outcome.failed) == failed_before:
-            write_manifest(target.manifest, [done[u] for u in target.urls], storage_options)
+            entries = [{k: v for k, v in done[u].items() if k != _VERSION} for u in target.urls]
+            write_manifest(target.manifest, entries, storage_options)
             outcome.written.append(target.manifest)
             os.remove(path)
     return outcome
+
+
+def _counted_by_its_job(target: Target, storage_options: Any) -> bool:
+    """Whether `target.manifest` is the summary.json of a job's run directory (a plan.json beside it) that
+    already counts every shard of the target: then there is nothing to index, and nothing is written.
+
+    A job owns its summary (its status, report and resumes read it): index used to replace the job's
+    entries with its own, under other spellings of the same URLs. A job summary that misses some of these
+    shards is refused, not amended: the job's next finalize would rewrite it anyway.
+    """
+    run_dir = target.manifest.rsplit("/", 1)[0] if "/" in target.manifest else "."
+    plan = f"{run_dir}/{PLAN}"
+    try:
+        with open_read(plan, options_for(plan, storage_options)):
+            pass
+    except ShardflowError:
+        return False  # no plan.json (or unreadable): not a job's run directory
+    try:
+        load_manifest(target.manifest, target.urls, storage_options)  # explicit: raises unless it lists all
+    except ValueError as exc:
+        raise ShardflowError(f"{exc}; it is the summary of the job run in {run_dir}, which index does not "
+                             "rewrite: index these shards into a manifest of their own with -o FILE.json "
+                             "(and give it to the reader as manifest=)") from exc
+    return True
 
 
 def _map(urls: list[str], storage_options: Any, processes: int) -> Iterator[tuple[str, dict | None, str | None]]:

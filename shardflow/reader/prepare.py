@@ -16,6 +16,7 @@ import numpy as np
 from shardflow.codecs import IMAGE_EXTENSIONS, Decoder, split_extension
 from shardflow.errors import DecodeError, SampleError, SkipSample
 from shardflow.reader.place import ImagePlacer
+from shardflow.reader.seeding import call_seeded
 from shardflow.reader.settings import Fields, ReaderSettings
 from shardflow.reader.state import ErrorCount
 from shardflow.reader.values import HWCImage, RawJpeg
@@ -54,6 +55,7 @@ class SamplePreparer:
         errors: ErrorCount,
         gpu_defer: bool,
         placer: ImagePlacer | None = None,
+        seed: int = 0,  # the epoch's seed (seeding.epoch_seed): what map= draws derives from it and the key
     ) -> None:
         self.decoder = decoders.full
         self.fast = decoders.fast if not gpu_defer else None
@@ -62,14 +64,17 @@ class SamplePreparer:
         self.to_tuple = to_tuple
         self.errors = errors
         self.gpu_defer = gpu_defer
+        self.seed = seed
+        self.key: str | None = None  # the key of the last sample prepared (a user collate_fn's batch seed)
         self._image_memo: dict[tuple[str, bool], bool] = {}
 
     def __call__(self, raw: dict[str, Any]) -> Any:
         """The sample as the user gets it; None when it is dropped (map) or skipped (error policy)."""
+        self.key = key = raw.get("__key__")
         try:
             sample = self._decode(raw)
             if self.map is not None:
-                sample = self.map(sample)
+                sample = call_seeded(self.map, sample, self.seed, key)
                 if sample is None:
                     return None
             if self.to_tuple is not None:

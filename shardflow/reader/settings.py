@@ -59,8 +59,9 @@ class ReaderOptions:
                                      order=True)
     partial: bool = _option(True, "keep each worker's last incomplete batch", order=True)
     collate: Callable[[list[Any]], Any] | None = _option(None, "collate function of batches (None: shardflow's "
-                                                         "collate)")
-    seed: int | None = _option(0, "the order is a function of (seed, epoch, rank, worker); None picks a seed")
+                                                         "collate); yours runs seeded per batch, as map=")
+    seed: int | None = _option(0, "the order is a function of (seed, epoch, rank, worker), map='s random draws of "
+                               "(seed, epoch, key); None picks a seed (new draws every run)")
     resampled: bool = _option(False, "draw shards with replacement forever (epoch_size then bounds an epoch)",
                               order=True)
     epoch_size: int | None = _option(None, "samples per epoch over all ranks (fixes the count, for len() and "
@@ -68,7 +69,8 @@ class ReaderOptions:
     equalize: str | None = _option(None, "None, 'drop' or 'pad': the same number of samples (and batches) on "
                                    "every rank", order=True)
     map: Callable[[dict[str, Any]], Any] | None = _option(None, "fn(sample) -> sample or None (drop); raise "
-                                                          "SkipSample to skip and count")
+                                                          "SkipSample to skip and count; random, numpy.random, "
+                                                          "torch and sf.sample_rng(sample) seeded per sample")
     to_tuple: str | Sequence[str] | None = _option(None, "fields to return as a tuple, e.g. 'jpg;png cls' "
                                                    "('a;b': the first present)")
     # reading

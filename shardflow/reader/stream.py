@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 from shardflow.reader.layout import EpochPlan
 from shardflow.reader.place import ImagePlacer
 from shardflow.reader.prepare import SamplePreparer
+from shardflow.reader.seeding import call_seeded
 from shardflow.reader.shard_source import ShardSource
 from shardflow.reader.shm import Ring, UsedSlots, outgoing
 from shardflow.reader.split import TAG_BUFFER, rng_for
@@ -64,6 +65,7 @@ class EpochStream:
     partial: bool
     gpu_defer: bool  # raw JPEGs stay encoded for the GPU
     placer: ImagePlacer | None = None  # decodes JPEGs into their batch row: told the row here
+    seeded_collate: bool = False  # a user collate_fn: seeded from (epoch seed, first key, "batch")
 
     def __iter__(self) -> Iterator[tuple[Any, ConsumerTag]]:
         try:
@@ -127,15 +129,18 @@ class EpochStream:
         """Items with their tags: samples one by one, or batches (the last one partial if allowed)."""
         cursor, batch_size, placer = self.cursor, self.batch_size, self.placer
         batch: list[Any] = []
+        first = None  # the key of the batch's first sample
         try:
             for sample in samples:
                 if batch_size is None:
                     cursor.delivered += 1
                     yield pack_unbatched(sample) if self.gpu_defer else sample, cursor.tag()
                     continue
+                if not batch:
+                    first = self.prepare.key
                 batch.append(sample)
                 if len(batch) == batch_size:
-                    yield self._batch(batch)
+                    yield self._batch(batch, first)
                     batch = []
                 if placer is not None:
                     placer.row = len(batch)  # the row the next sample takes
@@ -143,11 +148,15 @@ class EpochStream:
             samples.close()  # type: ignore[attr-defined]
         quota = self.plan.quota
         if batch and (self.partial or (quota is not None and cursor.taken >= quota)):
-            yield self._batch(batch)
+            yield self._batch(batch, first)
 
-    def _batch(self, batch: list[Any]) -> tuple[Any, ConsumerTag]:
+    def _batch(self, batch: list[Any], first: str | None) -> tuple[Any, ConsumerTag]:
         self.cursor.delivered += len(batch)
-        item, used = outgoing(self.collate(batch), self.ring)
+        if self.seeded_collate:
+            batched = call_seeded(self.collate, batch, self.prepare.seed, first, "batch")
+        else:
+            batched = self.collate(batch)
+        item, used = outgoing(batched, self.ring)
         return item, self.cursor.tag(used)
 
 

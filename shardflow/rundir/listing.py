@@ -9,10 +9,10 @@ listing cache, and files are fetched concurrently in batches (object stores) or 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from typing import Any, Callable, Iterator
 
+from shardflow.rundir.state_files import loads
 from shardflow.storage.atomic import is_own_temp
 from shardflow.storage.protocols import lean_lister, protocol_of_fs
 from shardflow.storage.retrying_fs import RetryingFileSystem
@@ -100,13 +100,13 @@ def iter_files(fs: Any, paths: list[str], *, local: bool, parse: bool = True) ->
         return
     if local:
         for path in paths:
-            yield _decode(_read_local(path), parse)
+            yield _decode(_read_local(path), parse, path)
         return
     for start in range(0, len(paths), READ_BATCH):
         batch = paths[start : start + READ_BATCH]
         found = {fs._strip_protocol(k): v for k, v in fs.cat(batch, on_error="omit", **cat_options(fs)).items()}
         for path in batch:
-            yield _decode(found.get(fs._strip_protocol(path)), parse)
+            yield _decode(found.get(fs._strip_protocol(path)), parse, path)
 
 
 def cat_options(fs: Any) -> dict[str, Any]:
@@ -127,10 +127,11 @@ def _read_local(path: str) -> bytes | None:
         return None
 
 
-def _decode(data: bytes | None, parse: bool) -> Any:
+def _decode(data: bytes | None, parse: bool, path: str) -> Any:
     if data is None:
         return None
-    return json.loads(data) if parse else data.decode()
+    # unparseable: one line naming the file (parse=False: its reader judges the text; undecodable bytes shown)
+    return loads(data, path) if parse else data.decode(errors="replace")
 
 
 def remove_own_temps(root: str, folders: tuple[str, ...], tag: str) -> int:

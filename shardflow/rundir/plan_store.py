@@ -6,6 +6,9 @@ compact task table (rundir.plan_table: a few hundred bytes at any N). When they 
 arbitrary names), the table would be as big as the task list, so the tasks go to
 `plan/chunk-000123.json` files of PLAN_CHUNK tasks each instead, written before plan.json. Version 1
 (0.1.0) kept every task in plan.json; it is still read.
+
+A plan.json that cannot be read (torn, not JSON) is an error naming it (rundir.state_files) that says to
+plan again with --redo; `plan_from_markers` is what --redo then knows of the unreadable plan.
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ import hashlib
 import json
 from typing import Any, Iterable, Iterator
 
-from shardflow.rundir.layout import PLAN, RunFiles
+from shardflow.rundir.layout import DONE, PLAN, RunFiles
 from shardflow.rundir.plan_table import TaskTable, as_json
+from shardflow.rundir.state_files import loads_or_none
 from shardflow.rundir.tasks import Task
 from shardflow.storage.options import redact_urls_deep
 
@@ -120,3 +124,31 @@ def _from_chunks(run_dir: RunFiles, plan: dict[str, Any], ids: Iterable[int]) ->
 def task_jsons(run_dir: RunFiles, plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """Every task of a stored plan as JSON, in order (for the refusal message of a different plan)."""
     return (t.to_json() for t in load_tasks(run_dir, plan, range(task_count(plan))))
+
+
+def check_readable(run_dir: RunFiles, plan: dict[str, Any]) -> None:
+    """Read every chunk file of a stored plan (none for a table or version 1): RunStateError naming the
+    first unreadable one. What --redo checks before it trusts a stored plan that equals the new one."""
+    if "task_count" in plan and plan.get("table") is None:
+        per = int(plan.get("plan_chunk", PLAN_CHUNK))
+        for chunk in range(-(-task_count(plan) // per)):
+            run_dir.read_json(chunk_name(chunk))
+
+
+def plan_from_markers(run_dir: RunFiles) -> dict[str, Any]:
+    """What --redo knows of an unreadable plan.json: a version-1 plan with a task per shard the run
+    directory's done markers say it wrote, so the outputs check (job.guard) takes those shards for its
+    own and the redo replaces them instead of refusing them as another dataset's. Its fingerprint matches
+    no plan, so init_plan(force=True) resets the run directory and stores the new plan. A marker that is
+    unreadable too vouches for nothing (its shards are then refused unless --overwrite)."""
+    names = [f"{DONE}/{n}" for n in run_dir.list_names(DONE) if n.endswith(".json")]
+    tasks: list[dict[str, Any]] = []
+    for text in run_dir.read_many(names, parse=False):
+        marker = loads_or_none(text)
+        outputs = marker.get("outputs") if isinstance(marker, dict) else None
+        for out in outputs if isinstance(outputs, list) else []:
+            url = out.get("url") if isinstance(out, dict) else None
+            if isinstance(url, str):  # its own name as the part pattern: that name and no other
+                tasks.append({"id": len(tasks), "inputs": [], "output": url,
+                              "output_parts": url.replace("{", "{{").replace("}", "}}")})
+    return {"tasks": tasks, "fingerprint": None}

@@ -13,16 +13,21 @@ whose marker never came (the worker died in between) is superseded by the rerun'
 start wins). Reruns of a task leave one record per attempt run; readers keep the last.
 The worker name is the host (a pod's name on Kubernetes) plus the Slurm array job/task when set,
 and the pid: the report groups throughput by it and by host.
+A running/ entry's CONTENT is the task's last beat (rundir.beats: samples, bytes, parts, the time),
+written when it starts and replaced every heartbeat interval while it runs: status reads it for the
+running tasks it shows (a GET each), the listings stay names only.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Iterator
 
 from shardflow.errors import ShardIOError
+from shardflow.rundir.beats import BEATS_READ, Beat, heartbeat_seconds, parse_beat, start_beats, stop_beats
 from shardflow.rundir.layout import RECORDS, RUNNING, task_name
 from shardflow.rundir.stats import Stats
 from shardflow.storage.atomic import in_new_folders
@@ -132,11 +137,13 @@ def parse_record(name: str) -> TaskRecord | None:
 
 @dataclass(frozen=True)
 class Running:
-    """A task that started on `worker` at `start` (epoch seconds) and has not ended (or whose worker died)."""
+    """A task that started on `worker` at `start` (epoch seconds) and has not ended (or whose worker died);
+    `beat`: its last beat, where read (rundir.beats; None: not read, or an older shardflow's empty entry)."""
 
     task: int
     start: float
     worker: str
+    beat: Beat | None = None
 
 
 def running_name(task_id: int, start: float, worker: str) -> str:
@@ -148,6 +155,14 @@ def parse_running(name: str) -> Running | None:
     if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit():
         return None
     return Running(int(parts[0]), int(parts[1]) / 1000, parts[2])
+
+
+def with_beats(run_dir: Any, running: list[Running], limit: int = BEATS_READ) -> list[Running]:
+    """`running` with the last beat of the first `limit` entries read (one GET each on object stores,
+    concurrently; an entry removed meanwhile or written by an older shardflow keeps beat None)."""
+    names = [f"{RUNNING}/{running_name(r.task, r.start, r.worker)}" for r in running[:limit]]
+    beats = run_dir.read_many(names, parse=False)
+    return [replace(r, beat=parse_beat(b)) for r, b in zip(running, beats)] + running[limit:]
 
 
 def latest(records: Iterable[TaskRecord]) -> Iterator[TaskRecord]:
@@ -168,19 +183,23 @@ def latest(records: Iterable[TaskRecord]) -> Iterator[TaskRecord]:
 
 
 # -- writing (run_task) --------------------------------------------------------------------------
-def _touch(run_dir: Any, name: str) -> None:
-    """An empty file whose name is its content: created in one step (no temp, no fsync: no bytes to tear)."""
+def _touch(run_dir: Any, name: str, data: bytes = b"") -> None:
+    """A file whose name is its content, created in one step (no temp, no fsync); `data`: a running
+    entry's first beat (a reader that sees it empty for an instant shows no beat)."""
     if is_local(run_dir.url):
         path = f"{run_dir.path}/{name}"
-        in_new_folders(lambda file, _label: open(file, "wb"), path, path).close()
+        with in_new_folders(lambda file, _label: open(file, "wb"), path, path) as f:
+            if data:
+                f.write(data)
     else:
-        run_dir.write_bytes(name, b"")
+        run_dir.write_bytes(name, data)
 
 
-def mark_running(run_dir: Any, task_id: int, start: float, worker: str) -> str:
-    """Say that task `task_id` runs on `worker` since `start`; returns the name to pass to `mark_ended`."""
+def mark_running(run_dir: Any, task_id: int, start: float, worker: str, every: float = 0.0) -> str:
+    """Say that task `task_id` runs on `worker` since `start` (beating every `every` s: its first beat
+    says so); returns the name to pass to `mark_ended`."""
     name = f"{RUNNING}/{running_name(task_id, start, worker)}"
-    _touch(run_dir, name)
+    _touch(run_dir, name, Beat(start, every).to_bytes())
     return name
 
 
@@ -205,10 +224,50 @@ class TaskClock:
         self.run_dir, self.task_id, self.attempts = run_dir, task_id, 1
         self.worker = _this_worker()
         self.start, self._perf, self._cpu = time.time(), time.perf_counter(), time.process_time()
+        self.every = heartbeat_seconds()
+        self.due = self.start + self.every  # a task shorter than the interval writes no beat
+        self._lock = threading.Lock()  # a beat and the entry's removal never cross
+        self._stats: Stats | None = None
+        self._writer: Any = None
+        self._reader: Any = None
+        self._reading_at = 0  # shards_in when the input being read started
+        self._moved, self._counts = self.start, (0, 0, 0)  # when the counts last changed, and they
         try:  # the running entry is a view for status: a store that refuses it does not fail the task
-            self._running: str | None = mark_running(run_dir, task_id, self.start, self.worker)
+            self._running: str | None = mark_running(run_dir, task_id, self.start, self.worker, self.every)
         except (OSError, ShardIOError):
             self._running = None
+        if self._running is not None and self.every > 0:
+            start_beats(self)
+
+    # -- beats (rundir.beats): the counters the task keeps anyway, read by the beat thread ------------
+    def follow(self, stats: Stats, writer: Any = None) -> None:
+        """This attempt's counters (a retried attempt starts from new ones) and its ShardWriter."""
+        self._stats, self._writer, self._reader = stats, writer, None
+
+    def reading(self, reader: Any) -> None:
+        """The input being read now (a CountingReader): its bytes count before the input ends."""
+        self._reader, self._reading_at = reader, self._stats.shards_in if self._stats is not None else 0
+
+    def progress(self) -> Beat:
+        """The task's progress now (read from another thread: each number is one the task wrote)."""
+        stats, writer, reader = self._stats or Stats(), self._writer, self._reader
+        bytes_in = stats.bytes_in
+        if reader is not None and stats.shards_in == self._reading_at:
+            bytes_in += reader.nbytes
+        parts = list(writer.shards) if writer is not None else []
+        now = self._time.time()
+        counts = (stats.samples_in, bytes_in, len(parts))
+        if counts != self._counts:
+            self._moved, self._counts = now, counts
+        return Beat(now, self.every, self.attempts, self._moved, stats.samples_in, stats.samples_out,
+                    stats.dropped, stats.skipped, stats.failed, bytes_in, sum(p.nbytes for p in parts),
+                    stats.shards_in, len(parts))
+
+    def beat(self) -> None:
+        """Replace the running entry's content with the progress now (one atomic write)."""
+        with self._lock:
+            if self._running is not None:
+                self.run_dir.write_bytes(self._running, self.progress().to_bytes())
 
     def record(self, state: str, *, stats: Stats | None = None, kind: str | None = None) -> TaskRecord:
         t = self._time
@@ -225,7 +284,9 @@ class TaskClock:
         write_record(self.run_dir, self.record(FAILED, kind=str(kind)))
 
     def ended(self) -> None:
-        running, self._running = self._running, None
+        stop_beats(self)
+        with self._lock:  # a beat being written finishes first; none comes after
+            running, self._running = self._running, None
         if running is not None:
             try:
                 mark_ended(self.run_dir, running)

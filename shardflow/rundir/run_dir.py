@@ -11,7 +11,7 @@ import json
 import os
 from typing import Any, Iterable, Iterator
 
-from shardflow.errors import JobError, ShardIOError
+from shardflow.errors import JobError, RunStateError, ShardIOError
 from shardflow.rundir.layout import (
     LAST_RUN,
     OWN_FOLDERS,
@@ -43,6 +43,7 @@ from shardflow.rundir.plan_store import (  # noqa: F401 - PLAN_VERSION, plan_fin
     task_jsons,
 )
 from shardflow.rundir.plan_table import as_json
+from shardflow.rundir.state_files import loads, unreadable
 from shardflow.rundir.summaries import summary_ranges
 from shardflow.rundir.tasks import Task, TaskResult
 from shardflow.storage.atomic import publish_chunks, write_local_atomic
@@ -141,7 +142,8 @@ class RunDir:
         self.write_bytes(name, redacted_json(obj, compact).encode())
 
     def read_json(self, name: str) -> Any:
-        return json.loads(self.read_bytes(name))
+        """The JSON file `name`; RunStateError naming it (and what to do) when it does not parse."""
+        return loads(self.read_bytes(name), f"{self.url.rstrip('/')}/{name}")
 
     def exists(self, name: str) -> bool:
         return self.fs.exists(self._path(name))
@@ -224,8 +226,15 @@ class RunDir:
         return remove_own_temps(self.path, OWN_FOLDERS, TEMP_TAG) if self._local else 0
 
     def reset(self) -> None:
-        """Forget all progress (markers, failures, error logs, summaries)."""
-        for folder in ("done", "failed", "errors", SUMMARIES, "plan", RECORDS, RUNNING):
+        """Forget all progress and the stored plan's chunk files (a new plan is about to be stored)."""
+        self.forget_progress()
+        for name in self.list_names("plan"):
+            self.remove(f"plan/{name}")
+
+    def forget_progress(self) -> None:
+        """Forget all progress (markers, failures, error logs, summaries) and keep the plan: what a redo
+        of the stored plan does (its chunk files, plan/chunk-*.json, are part of the plan, not progress)."""
+        for folder in ("done", "failed", "errors", SUMMARIES, RECORDS, RUNNING):
             for name in self.list_names(folder):
                 self.remove(f"{folder}/{name}")
         self.remove(SUMMARY)
@@ -233,9 +242,17 @@ class RunDir:
 
     def load_plan(self) -> dict[str, Any]:
         try:
-            return self.read_json(PLAN)
+            plan = self.read_json(PLAN)
         except FileNotFoundError as exc:
             raise JobError(f"no plan.json in run directory {self.url}: plan or run the job first") from exc
+        except NotADirectoryError:  # permanent (a worker stops with 78, not retried as unreachable)
+            raise RunStateError(f"{self.url} is a file, not a run directory") from None
+        # JSON that is not a plan (a list, `{}`) is as unreadable as torn JSON: one line naming the file
+        if not isinstance(plan, dict) or not (isinstance(plan.get("task_count"), int)
+                                              or isinstance(plan.get("tasks"), list)):
+            raise unreadable(f"{self.url.rstrip('/')}/{PLAN}",
+                             ValueError("not a plan: a JSON object with task_count or tasks"))
+        return plan
 
     # -- task state ----------------------------------------------------------------------------
     def done_ids(self, tasks: int | None = None) -> set[int]:

@@ -5,7 +5,8 @@ can read the run directory, and never loads job.pkl (a run directory is code: se
 
 What it costs: the listings of done/ (skipped when summaries cover the plan), records/, running/,
 failed/ and errors/ (1,000 names a request on object stores), plan.json and summary.json, and only
-the files it shows: the last few failure records and error logs. Counts, times and workers come from
+the files it shows: the last few failure records and error logs, and the beats (rundir.beats: samples,
+bytes, parts, the time) of at most BEATS_READ running tasks. Counts, times and workers come from
 the records' names (rundir.records, rundir.tally), so a 100k-task run on S3 costs a few hundred
 requests in any state (mid-run, markers only, after thousands of pod summaries).
 """
@@ -18,8 +19,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from shardflow.rundir.beats import STALE_BEATS
 from shardflow.rundir.layout import ERRORS, FAILED, LAST_RUN, SUMMARY, done_file, failed_file
-from shardflow.rundir.records import TaskRecord
+from shardflow.rundir.records import Running, TaskRecord, with_beats
 from shardflow.rundir.run_dir import RunDir
 from shardflow.rundir.stats import Stats
 from shardflow.rundir.tally import IS_DONE, IS_FAILED, RunTally, add_markers, read_tally
@@ -70,7 +72,7 @@ class RunStatus:
             "last_run": None if self.last_run is None else {
                 k: self.last_run.get(k) for k in ("done", "tasks", "processed", "seconds", "interrupted", "ok")},
             "complete": self.complete, "tracebacks": self.tracebacks,
-            "progress": None if self.tally is None else self.tally.to_json(),
+            "progress": None if self.tally is None else progress_json(self.tally),
         }
 
     def __str__(self) -> str:
@@ -110,9 +112,14 @@ class RunStatus:
             lines.append("pending tasks: " + ", ".join(map(str, self.pending)))
         if self.last_run is not None:
             lr = self.last_run
-            lines.append(f"last run ended: {lr.get('done')}/{lr.get('tasks')} tasks done, "
-                         f"{lr.get('processed')} samples "
-                         f"processed in {lr.get('seconds')} s{', interrupted' if lr.get('interrupted') else ''}")
+            before = lr.get("skipped") or 0
+            if lr.get("tasks") and before >= lr["tasks"] and not lr.get("processed"):
+                # a no-op rerun or a finalize: "0 samples processed in 0.0 s" read as a run that did nothing
+                lines.append(f"last run found all {lr['tasks']} tasks done before it started: nothing to run")
+            else:
+                lines.append(f"last run ended: {lr.get('done')}/{lr.get('tasks')} tasks done ({before} of them "
+                             f"before it), {lr.get('processed')} samples processed in {lr.get('seconds')} s"
+                             f"{', interrupted' if lr.get('interrupted') else ''}")
         lines.extend(describe_traces(self.tracebacks, total=self.distinct_errors))
         return printable("\n".join(lines))
 
@@ -135,10 +142,39 @@ def _progress_lines(tally: RunTally) -> list[str]:
              + (f"; ETA {duration(eta)}" if eta is not None else "")]
     for entry in tally.running[:10]:
         lines.append(f"  running task {entry.task} on {safe(entry.worker)} for "
-                     f"{duration(tally.read_at - entry.start)}")
+                     f"{duration(tally.read_at - entry.start)}{beat_text(entry, tally.read_at)}")
     if len(tally.running) > 10:
         lines.append(f"  ... and {len(tally.running) - 10} more running")
+    stale = [r.task for r in tally.running if r.beat is not None and r.beat.stale(tally.read_at)]
+    if stale:
+        shown = ", ".join(map(str, stale[:20])) + (" ..." if len(stale) > 20 else "")
+        lines.append(f"no progress for over {STALE_BEATS} heartbeats in {len(stale)} running tasks "
+                     f"(hung or killed?): {shown}")
     return lines
+
+
+def beat_text(entry: Running, now: float) -> str:
+    """What a running task's last beat says: samples so far, rate, parts and the beat's age, or that
+    no beat came for STALE_BEATS intervals ("" where no beat was read: an older shardflow's entry)."""
+    beat = entry.beat
+    if beat is None:
+        return ""
+    age = max(now - beat.at, 0.0)
+    if beat.stale(now):
+        why = f"no beat for {duration(age)}" if beat.beats_stopped(now) else "its worker still beats"
+        return f": no progress for {duration(beat.idle(now))} (hung or killed?), {beat.samples_in} samples read; {why}"
+    if beat.is_first(entry.start):
+        return ": no beat yet" if beat.every > 0 else ": heartbeat off"
+    return (f": {beat.samples_in} samples read ({beat.rate(entry.start):.1f}/s), {beat.samples_out} written, "
+            f"{beat.parts} parts, {beat.bytes_in / 1e6:.1f} MB read; last beat {duration(age)} ago")
+
+
+def progress_json(tally: RunTally) -> dict[str, Any]:
+    """tally.to_json() with each running task's last beat (None: not read): status --json, the report."""
+    out = tally.to_json()
+    for entry, row in zip(tally.running, out["running"]):
+        row["beat"] = None if entry.beat is None else entry.beat.to_json(entry.start, tally.read_at)
+    return out
 
 
 def read_status(url: str, storage_options: dict[str, Any] | None = None, *, examples: int = 5,
@@ -166,6 +202,7 @@ def read_status(url: str, storage_options: dict[str, Any] | None = None, *, exam
     reasons_from(run_dir, tally, last_run if last_run and last_run.get("done") == len(done) else None)
     failed_set = set(failed_ids)
     pending = [t for t in tally.ids(0) if t not in failed_set]
+    tally.running = with_beats(run_dir, tally.running)  # the running tasks' progress (rundir.beats)
     tally.read_at = time.time()
     return RunStatus(run_dir.url, plan.get("job", {}), tasks, done, failed, pending, stats, stats.shards_out,
                      count, kinds.most_common(), last if examples else [], last_run, collector.distinct(traces),

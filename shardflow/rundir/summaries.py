@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Iterable, Iterator, Sequence, Union
 
 from shardflow.rundir.layout import SUMMARIES, RunFiles, done_file
+from shardflow.rundir.state_files import loads_or_none
 from shardflow.rundir.stats import Stats
 
 SPAN = 1_000  # tasks per summary written by the driver / finalize
@@ -92,7 +93,7 @@ def merge_span(run_dir: RunFiles, first: int, tasks: int) -> bool:
     ranges = [r for r in summary_ranges(names) if start <= r[0] and r[1] <= stop]
     if not ranges or ranges == [(start, stop)] or not _tiles(ranges, start, stop):
         return False
-    records = run_dir.read_many([summary_name(f, s) for f, s in ranges])
+    records = _summaries(run_dir, [summary_name(f, s) for f, s in ranges])
     if any(not isinstance(r, dict) or not isinstance(r.get("shards"), list) for r in records):
         return False  # gone meanwhile (a reset) or not a summary: leave it to the report
     write_block(run_dir, block_of(start, stop, ((Stats.from_json(r.get("stats", {})), r["shards"]) for r in records)))
@@ -198,7 +199,7 @@ def read_summaries(run_dir: RunFiles, tasks: int, *, skip: Callable[[int, int], 
             size += chosen[end][1] - chosen[end][0]
             end += 1
         batch = chosen[start:end]
-        for (first, stop), record in zip(batch, run_dir.read_many([summary_name(f, s) for f, s in batch])):
+        for (first, stop), record in zip(batch, _summaries(run_dir, [summary_name(f, s) for f, s in batch])):
             if record is not None:
                 shards = record.get("shards") or []
                 yield Summary(first, stop, Stats.from_json(record.get("stats", {})), len(shards),
@@ -285,6 +286,12 @@ class SpanWriter:
         if piece.shards is not None:
             return piece.shards
         return list(self.run_dir.read_json(piece.name).get("shards") or [])
+
+
+def _summaries(run_dir: RunFiles, names: list[str]) -> list[Any]:
+    """Summaries read back; one that is unreadable (torn, not JSON) reads as missing: its tasks are merged
+    from their done markers instead, as for a summary never written (rundir.state_files)."""
+    return [loads_or_none(text) for text in run_dir.read_many(names, parse=False)]
 
 
 def merged_done(run_dir: RunFiles, tasks: int, done_ids: set[int]) -> tuple[Stats, int]:

@@ -12,10 +12,10 @@ import functools
 from typing import Any, BinaryIO, Callable, Iterable, Iterator
 
 from shardflow.errors import DEFAULT_ON_ERROR_READ, RAISE, SampleError, ShardflowError, apply_policy, check_on_error
-from shardflow.shards.keys import Sample, check_key, split_name
+from shardflow.shards.keys import Sample, check_ext, check_key, split_name
 from shardflow.shards.records import read_records, record_format
 from shardflow.shards.sample_recover import DamageGuard
-from shardflow.shards.tar_read import Member, iter_members
+from shardflow.shards.tar_read import Member, NotRegular, iter_members
 from shardflow.shards.tar_recover import Corruption
 from shardflow.storage.file_value import FileValue
 
@@ -24,7 +24,8 @@ ErrorSink = Callable[[ShardflowError], None]
 __all__ = ["ErrorSink", "iter_samples", "read_samples", "sample_members"]
 
 
-def iter_samples(members: Iterable[Member | Corruption], url: str = "", *, on_error: str = DEFAULT_ON_ERROR_READ,
+def iter_samples(members: Iterable[Member | NotRegular | Corruption], url: str = "", *,
+                 on_error: str = DEFAULT_ON_ERROR_READ,
                  report: ErrorSink | None = None) -> Iterator[Sample]:
     """Group adjacent members into sample dicts.
 
@@ -62,7 +63,10 @@ def iter_samples(members: Iterable[Member | Corruption], url: str = "", *, on_er
             if current is not None and exc.key not in (None, current["__key__"]) and on_error != RAISE:
                 nested(SampleError("sample left out: the shard ends inside it", url=url, key=current["__key__"]))
             raise _located(exc, current) from exc.__cause__
-        if isinstance(member, Corruption):
+        if type(member) is not Member:  # rare: one test on the per-member path, as before
+            if type(member) is NotRegular:
+                problem(member.error)  # a link or special file left out: said so, its neighbours kept
+                continue
             lost = guard.damaged(member, current, seen)
             if held is not None and member.key is not None:
                 yield held  # one member of a sample lost, its header sound: the framing before it held
@@ -218,12 +222,9 @@ def sample_members(sample: Sample) -> list[tuple[str, bytes]]:
         if ext.startswith("__"):
             continue
         value = sample[ext]
-        if not ext or "/" in ext or ext.startswith(".") or "\0" in ext:
-            raise SampleError(f"bad extension {ext!r}", key=key)
-        if ext != ext.lower():
-            raise SampleError(
-                f"extension {ext!r} is not lower-case: it would read back as {ext.lower()!r}", key=key
-            )
+        why = check_ext(ext)
+        if why:
+            raise SampleError(why, key=key)
         if isinstance(value, FileValue):  # a file streamed by the tar writer (storage.file_value)
             members.append((f"{key}.{ext}", value))  # type: ignore[arg-type]
             continue

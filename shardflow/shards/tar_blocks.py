@@ -1,4 +1,4 @@
-"""Exact-size reads over a tar stream, compression (gzip, bzip2, xz) sniffed from its first bytes.
+"""Exact-size reads over a tar stream, compression (gzip, bzip2, xz, zstd) sniffed from its first bytes.
 
 Why not `tarfile`: in stream mode it builds a TarInfo object per member, re-parses pax headers
 through several layers and reads in 512-byte steps, which dominates the cost of small samples. Here
@@ -14,7 +14,7 @@ import os
 from typing import BinaryIO, Callable
 
 from shardflow.errors import FormatError
-from shardflow.shards.tar_decompress import Decompressed, sniff
+from shardflow.shards.tar_decompress import decompressed, sniff
 
 _CHUNK = 1 << 20
 _MAX_READ = 16 << 20  # the most asked of the underlying stream at once, whatever a header says
@@ -180,7 +180,7 @@ def open_blocks(stream: BinaryIO, url: str) -> Blocks:
         head += more
     compression = sniff(head)
     if compression is not None:
-        blocks = Blocks(Decompressed(compression, head, stream, url).read, url)
+        blocks = Blocks(decompressed(compression, head, stream, url).read, url)
         blocks.compression = compression
         return blocks
     blocks = Blocks(stream.read, url, head)

@@ -1,4 +1,5 @@
-"""Streaming decompression of a shard (gzip, bzip2, xz), sniffed from its first bytes.
+"""Streaming decompression of a shard (gzip, bzip2, xz, zstd), sniffed from its first bytes
+(shards.formats owns the magic bytes).
 
 Why not gzip.GzipFile / tarfile's stream modes: a GzipFile.read(n) that fails (truncation, a bad
 block) loses everything it had decompressed in that call, so a truncated .tgz gave fewer samples
@@ -8,6 +9,14 @@ offset (in the decompressed stream) where the good data ends. Concatenated strea
 gzip, pbzip2) are read on; bytes after the last stream that are not another stream are reported
 as a warning and ignored (gzip pads with zeros, some tools append junk), as `gzip -d` does.
 Nothing here allocates what the data claims: output is produced at most `read(n)` bytes at a time.
+
+zstd (the `zstandard` package, extra `zstd`) is read through its stream reader, the one zstandard API
+that bounds its output (its decompressobj hands out all a piece of input holds: 64 KiB of RLE blocks
+can claim gigabytes). That reader does not tell a stream cut inside a frame from its end, so a cut
+.tar.zst shows up as a truncated tar, which the tar layer reports naming the shard and offset (a cut
+that loses only the frame's checksum, after the whole tar, loses no sample and goes unnoticed).
+A missing package is a JobError, not a FormatError: the shard is fine, this process cannot read it, so
+the task fails (whatever on_error says) instead of the shard being skipped as damaged.
 """
 
 from __future__ import annotations
@@ -18,24 +27,33 @@ import warnings
 import zlib
 from typing import Any, BinaryIO, Callable
 
-from shardflow.errors import FormatError, ShardflowWarning
+from shardflow.errors import FormatError, JobError, ShardflowWarning
+from shardflow.shards.formats import BY_NAME, ZSTD_EXTRA, missing_package, sniff
+from shardflow.text import redact_userinfo, safe
+
+__all__ = ["Decompressed", "ZstdDecompressed", "decompressed", "sniff"]
 
 _IN_CHUNK = 1 << 16  # compressed bytes fed to the decompressor at a time
+_ZSTD_STEP = 1 << 16  # decompressed bytes asked of zstandard's reader at a time (damage loses at most this)
 
-# name, magic, decompressor factory
-_FORMATS: tuple[tuple[str, bytes, Callable[[], Any]], ...] = (
-    ("gzip", b"\x1f\x8b", lambda: zlib.decompressobj(wbits=31)),
-    ("bzip2", b"BZh", bz2.BZ2Decompressor),
-    ("xz", b"\xfd7zXZ\x00", lzma.LZMADecompressor),
-)
+# name -> decompressor factory (decompress(data, max_length), needs_input/eof, unused_data)
+_DECOMPRESSORS: dict[str, Callable[[], Any]] = {
+    "gzip": lambda: zlib.decompressobj(wbits=31),
+    "bzip2": bz2.BZ2Decompressor,
+    "xz": lzma.LZMADecompressor,
+}
 
 
-def sniff(head: bytes) -> str | None:
-    """The compression of a stream starting with `head` ('gzip', 'bzip2', 'xz'), None if plain."""
-    for name, magic, _ in _FORMATS:
-        if head.startswith(magic):
-            return name
-    return None
+def decompressed(compression: str, head: bytes, stream: BinaryIO, url: str) -> "Decompressed | ZstdDecompressed":
+    """A read(n)-able view of the decompressed bytes of `stream` (whose first bytes are `head`); a
+    compression whose package is missing is a one-line JobError naming the shard and the extra."""
+    package = missing_package(compression)
+    if package is not None:
+        raise JobError(f"{compression}-compressed shard, which needs the {package!r} package (not importable "
+                       f"here): pip install 'shardflow[{ZSTD_EXTRA}]'", url=url)
+    if compression == "zstd":
+        return ZstdDecompressed(head, stream, url)
+    return Decompressed(compression, head, stream, url)
 
 
 class Decompressed:
@@ -43,7 +61,7 @@ class Decompressed:
 
     def __init__(self, compression: str, head: bytes, stream: BinaryIO, url: str) -> None:
         self.compression = compression
-        self._magic, self._factory = next((m, f) for n, m, f in _FORMATS if n == compression)
+        self._magic, self._factory = BY_NAME[compression].magic, _DECOMPRESSORS[compression]
         self._stream = stream
         self._url = url
         self._pending = head  # compressed bytes not yet fed
@@ -118,9 +136,64 @@ class Decompressed:
                 break
             junk += len(more) if junk else len(more.lstrip(b"\0"))
         if junk:
-            warnings.warn(f"shard {self._url}: {junk} bytes of non-{self.compression} data after the "
+            shard = safe(redact_userinfo(self._url))  # a name from data: escaped, as errors are
+            warnings.warn(f"shard {shard}: {junk} bytes of non-{self.compression} data after the "
                           f"{self.compression} stream ignored", ShardflowWarning, stacklevel=2)
         return b""
 
     def _damage(self, why: str) -> FormatError:
         return FormatError(f"corrupt {self.compression} stream: {why}", url=self._url, offset=self.made)
+
+
+class _Prefixed:
+    """`head` then the rest of `stream`, as one read(n)-able source (zstandard's reader pulls it)."""
+
+    def __init__(self, head: bytes, stream: BinaryIO) -> None:
+        self._head = head
+        self._stream = stream
+
+    def read(self, n: int = -1) -> bytes:
+        if self._head:
+            head, self._head = self._head, b""
+            return head
+        return self._stream.read(_IN_CHUNK if n is None or n < 0 else n)
+
+
+class ZstdDecompressed:
+    """Decompressed's interface for zstd: every byte before damage handed out first, the FormatError
+    (with the decompressed offset) raised when more is asked; concatenated frames are read on."""
+
+    compression = "zstd"
+
+    def __init__(self, head: bytes, stream: BinaryIO, url: str) -> None:
+        import zstandard  # checked by decompressed(): the extra is installed
+
+        self._error_type = zstandard.ZstdError
+        self._reader = zstandard.ZstdDecompressor().stream_reader(
+            _Prefixed(head, stream), read_size=_IN_CHUNK, read_across_frames=True)
+        self._url = url
+        self._error: FormatError | None = None
+        self._eof = False
+        self.made = 0
+
+    def read(self, n: int) -> bytes:
+        """Up to n decompressed bytes (fewer only at the end); b"" at the end of the last frame."""
+        out: list[bytes] = []
+        have = 0
+        while have < n and not self._eof and self._error is None:
+            try:
+                piece = self._reader.read(min(n - have, _ZSTD_STEP))
+            except self._error_type as exc:
+                self._error = FormatError(f"corrupt zstd stream: {exc}", url=self._url, offset=self.made)
+                break
+            if not piece:
+                self._eof = True
+                break
+            out.append(piece)
+            have += len(piece)
+            self.made += len(piece)
+        if not out and self._error is not None:
+            error, self._error = self._error, None
+            self._eof = True
+            raise error
+        return out[0] if len(out) == 1 else b"".join(out)

@@ -2,7 +2,8 @@
 
 Supported: ustar, GNU (long names `L`/`K`, base-256 sizes, sparse `S`) and pax (`x` headers: path,
 size, GNU sparse records), gzip/bzip2/xz auto-detected from the magic bytes, concatenated streams.
-Directories, links and devices are skipped. Anything malformed raises FormatError with the byte
+Directories are skipped; links, devices and FIFOs are left out and reported (a NotRegular each, for
+the sample layer's error policy: never silently). Anything malformed raises FormatError with the byte
 offset (in the uncompressed tar stream) of the header at fault; with `resync=True` the damage is
 reported as a Corruption instead and reading goes on (tar_recover holds those rules). A member is
 never yielded when the framing around it is in doubt: a padding that is not zeros, or data whose
@@ -14,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import BinaryIO, Generator, Iterator
 
-from shardflow.errors import FormatError
+from shardflow.errors import FormatError, SampleError
 from shardflow.shards.keys import split_name
 from shardflow.shards.tar_blocks import Blocks, open_blocks
 from shardflow.shards.tar_headers import (
@@ -46,9 +47,20 @@ class Member:
     offset: int
 
 
+@dataclass(slots=True)
+class NotRegular:
+    """A member that holds no bytes of its own for a sample (a hard or symbolic link, a device, a
+    FIFO, an unknown type): left out, and said so (`error` names the shard, key, member and type).
+    Links are not followed: a hard link's bytes are those of an earlier member, which a streaming
+    reader has let go of, and a symlink may point anywhere. Directories are skipped without a word."""
+
+    error: SampleError
+
+
 # The loop is one function on purpose: it runs once per member, and splitting it would add a call
 # per member on the hot path; damage and rare entries (sparse, metadata) are handled by helpers.
-def iter_members(stream: BinaryIO, url: str = "", *, resync: bool = False) -> Iterator[Member | Corruption]:
+def iter_members(stream: BinaryIO, url: str = "", *, resync: bool = False
+                 ) -> Iterator[Member | NotRegular | Corruption]:
     """Yield the regular files of a tar stream in order (bounded memory). `resync=True`: each damaged region
     yields a Corruption, reading resumes at the next valid header; truncation, a non-tar always raise."""
     blocks = open_blocks(stream, url)
@@ -125,11 +137,30 @@ def iter_members(stream: BinaryIO, url: str = "", *, resync: bool = False) -> It
                 if not (yield from recovery.skip(error, suspects)):
                     return
         else:
+            if typeflag not in _NO_DATA:  # a link or a special file: never left out silently
+                yield _not_regular(typeflag, header, (long_name, pax), url, offset)
             long_name, pax = None, _NO_PAX
 
 
 _END_MARKER = bytes(2 * BLOCK)
 _NO_PAX: dict[str, str] = {}  # shared, never changed: pax_records makes a new dict for each pax header
+
+# Entries left out without a report: they hold no file (directories, GNU dump directories, volume labels)
+_NO_DATA = (b"5", b"D", b"V")
+_KINDS = {b"1": "a hard link", b"2": "a symbolic link", b"3": "a character device", b"4": "a block device",
+          b"6": "a FIFO"}
+
+
+def _not_regular(typeflag: bytes, header: bytes, carried: Carried, url: str, offset: int) -> NotRegular:
+    """The report of a member that is not a regular file (see NotRegular)."""
+    name = member_name(header, *carried)
+    kind = _KINDS.get(typeflag, f"an entry of unknown type {typeflag.decode('latin-1')!r}")
+    if typeflag in (b"1", b"2"):
+        target = carried[1].get("linkpath") or cstring(header[157:257]).decode("utf-8", "surrogateescape")
+        kind += f" to {target!r}"
+    return NotRegular(SampleError(f"member {name!r} is {kind}, not a regular file: left out (links are not "
+                                  "followed)", url=url, key=split_name(name)[0], offset=offset))
+
 
 # Entries that describe the next member rather than being one: GNU long name (L) and long link name
 # (K), pax extended (x) and global (g) headers.

@@ -33,6 +33,7 @@ from typing import Generator
 from shardflow.errors import FormatError, ShardflowWarning
 from shardflow.shards.tar_blocks import Blocks
 from shardflow.shards.tar_headers import BLOCK, ZERO_BLOCK, checksum_ok, truncated_header
+from shardflow.text import redact_userinfo, safe
 
 _AFTER_END = 1 << 20  # how far past the end marker a plain stream is read (looking for damage)
 
@@ -141,7 +142,8 @@ class Resync:
             junk += len(block)
         blocks.check()
         if junk:
-            warnings.warn(f"shard {self._url}: {junk} bytes of data after the end-of-archive marker (offset "
+            shard = safe(redact_userinfo(self._url))  # a name from data: escaped, as errors are
+            warnings.warn(f"shard {shard}: {junk} bytes of data after the end-of-archive marker (offset "
                           f"{marker}) ignored", ShardflowWarning, stacklevel=4)
         return False
 

@@ -1,6 +1,7 @@
 """Deterministic tar writing: identical members in identical order give byte-identical archives
 (GNU tar, Python's tarfile and webdataset read them; tests compare with both byte for byte), and
-the gzip stage for .tar.gz names (deterministic too: no timestamp in the gzip header).
+the compression stage a .tar.gz/.tar.bz2/.tar.xz/.tar.zst name gets (shards.formats says which;
+deterministic too: no timestamp in a gzip header, no thread-dependent zstd framing).
 
 Members are gathered by reference and handed on in batches of about 1 MiB, so a shard of small
 samples costs few large writes and no copies of large members (256 KiB and up; a storage.file_value.FileValue
@@ -18,6 +19,7 @@ import zlib
 from typing import Any, BinaryIO, Sequence
 from zlib import adler32
 
+from shardflow.shards.formats import BY_NAME
 from shardflow.shards.tar_headers import BLOCK, ZERO_BLOCK
 from shardflow.storage.file_value import FileValue
 
@@ -244,18 +246,22 @@ class TarStreamWriter:
         self.flush()
 
 
-class GzipStage:
-    """Gzip between the tar writer and the sink; deterministic (zlib's gzip header has mtime 0).
+class CompressStage:
+    """A compressor between the tar writer and the sink: what the sink hashes and stores is the
+    compressed bytes, so the receipt covers the shard as stored.
 
-    `sink` takes batches through write_parts(list_of_bytes), as the writer's HashingSink does.
+    `sink` takes batches through write_parts(list_of_bytes), as the writer's HashingSink does;
+    `compressor` is a fresh compress()/flush() object (zlib, bz2, lzma and zstandard's all are). A
+    plain tar gets no stage at all: no call per batch when nothing is compressed.
     """
 
-    def __init__(self, sink: Any, level: int = 6) -> None:
+    def __init__(self, sink: Any, compressor: Any) -> None:
         self._sink = sink
-        self._zip = zlib.compressobj(level, zlib.DEFLATED, 31)
+        self._compress = compressor.compress
+        self._flush = compressor.flush
 
     def write_parts(self, parts: list[bytes]) -> None:
-        compressed = [c for c in map(self._zip.compress, parts) if c]
+        compressed = [c for c in map(self._compress, parts) if c]
         if compressed:
             self._sink.write_parts(compressed)
 
@@ -264,4 +270,19 @@ class GzipStage:
         return len(data)
 
     def finish(self) -> None:
-        self._sink.write_parts([self._zip.flush()])
+        """End the compressed stream (its trailer) and hand it to the sink."""
+        tail = self._flush()
+        if tail:
+            self._sink.write_parts([tail])
+
+
+def compress_stage(sink: Any, compression: str) -> CompressStage | None:
+    """The stage for `compression` (a name of shards.formats, '' for none: then None)."""
+    return CompressStage(sink, BY_NAME[compression].compressor()) if compression else None
+
+
+class GzipStage(CompressStage):
+    """Gzip between the tar writer and the sink; deterministic (zlib's gzip header has mtime 0)."""
+
+    def __init__(self, sink: Any, level: int = 6) -> None:
+        super().__init__(sink, zlib.compressobj(level, zlib.DEFLATED, 31))

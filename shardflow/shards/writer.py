@@ -12,6 +12,7 @@ from typing import Any, BinaryIO, Callable, Sequence
 
 from shardflow.errors import ShardIOError
 from shardflow.shards.committer import BackgroundCommitter
+from shardflow.shards.formats import check_output_name, output_compression
 from shardflow.shards.keys import Sample
 from shardflow.shards.receipt import OneShard, ShardInfo
 from shardflow.shards.record_write import RecordWriter
@@ -19,7 +20,7 @@ from shardflow.shards.records import record_format
 from shardflow.shards.samples import sample_members
 from shardflow.shards.sinks import HashingSink
 from shardflow.shards.tar_headers import BLOCK
-from shardflow.shards.tar_write import GzipStage, TarStreamWriter
+from shardflow.shards.tar_write import TarStreamWriter, compress_stage
 from shardflow.storage.atomic import temp_glob, temp_name
 from shardflow.storage.file_value import FileValue
 from shardflow.storage.paths import filesystem, is_local, join, local_path
@@ -80,6 +81,27 @@ def _remove_task_temps(part: Callable[[int], str], storage_options: dict[str, An
     return removed
 
 
+def remove_parts_after(part: Callable[[int], str], count: int, storage_options: dict[str, Any] | None = None) -> int:
+    """Delete the final shards `part(count)`, `part(count + 1)`, ... while they exist: the parts an earlier
+    run of the same task wrote beyond the `count` this run wrote (a redo with a larger maxcount, code that
+    now drops more samples); left there, their samples would be read twice. A stat (a HEAD on object
+    stores) per task when there are none. `-` and `pipe:` outputs are not files: nothing to delete."""
+    first = part(0)
+    if first == "-" or first.startswith("pipe:"):
+        return 0
+    local = is_local(first)
+    fs = None if local else filesystem(first, storage_options)[0]
+    removed = 0
+    for index in itertools.count(count):
+        url = part(index)
+        path = local_path(url) if fs is None else filesystem(url, storage_options)[1]
+        if not (os.path.lexists(path) if fs is None else fs.exists(path)):
+            return removed
+        os.unlink(path) if fs is None else fs.rm(path)
+        removed += 1
+    return removed
+
+
 class TarWriter(OneShard):
     """Write samples into one tar shard (a URL, committed atomically, or an open binary stream).
 
@@ -103,6 +125,9 @@ class TarWriter(OneShard):
         self.url = target if isinstance(target, str) else str(getattr(target, "name", "<stream>"))
         if isinstance(target, str) and record_format(target):
             raise ValueError(f"{target!r} names a record-stream shard: write it with RecordWriter or ShardWriter")
+        # the name says the compression (shards.formats); one shardflow cannot write is refused
+        # (UnwritableName) before anything is opened, never written as a plain tar under that name
+        compression = output_compression(self.url)
         self._atomic: AtomicOutput | None = None
         self._owned: Any = None  # a "-" or pipe: stream opened (and closed) here, not atomic
         if isinstance(target, str) and (target == "-" or target.startswith("pipe:")):
@@ -113,9 +138,9 @@ class TarWriter(OneShard):
         else:
             out = target
         self._sink = HashingSink(out, checksum, threaded=threaded)
-        # a .tar.gz / .tgz name gets what it says: the tar is gzipped on the way to the sink
-        self._gzip = GzipStage(self._sink) if self.url.endswith((".gz", ".tgz")) else None
-        self._tar = TarStreamWriter(self._gzip or self._sink, mtime=mtime)  # type: ignore[arg-type]
+        # a compressed name gets what it says: the tar is compressed on the way to the sink (None: plain)
+        self._stage = compress_stage(self._sink, compression)
+        self._tar = TarStreamWriter(self._stage or self._sink, mtime=mtime)  # type: ignore[arg-type]
         self._encoder = encoder
         self.nsamples = 0
         self.closed = False
@@ -138,7 +163,7 @@ class TarWriter(OneShard):
             for name, data in members:
                 self._tar.add(name, data)
                 large = large or (len(data) >= _SETTLE_FROM and not isinstance(data, FileValue))
-            if large and self._gzip is None:
+            if large and self._stage is None:
                 # hashed and written before we return (add() handed it on: it is over the batch size),
                 # so the caller's copy is the only one, freed before it reads the next sample
                 # (issue 28.6: three 10 MB samples alive at once, else)
@@ -174,8 +199,9 @@ class TarWriter(OneShard):
 
     def _finish(self) -> None:
         self._tar.finish()
-        if self._gzip is not None:
-            self._gzip.finish()
+        if self._stage is not None:
+            self._stage.finish()
+            self._stage = None  # the compressor's state (xz: ~90 MB) is not kept with the receipt
         self._sink.drain()  # every byte hashed and handed to the output
         if self._owned is not None:
             self.closed = True
@@ -237,6 +263,8 @@ class ShardWriter:
     ) -> None:
         if maxcount < 1 or maxsize < 3 * BLOCK:
             raise ValueError("maxcount must be >= 1 and maxsize >= 1536 bytes")
+        if isinstance(pattern, str):  # a name shardflow cannot write is refused now, not at the first sample
+            check_output_name(format_shard_name(pattern, start_index))
         self.pattern = pattern
         self.maxcount = maxcount
         self.maxsize = int(maxsize)

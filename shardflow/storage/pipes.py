@@ -3,6 +3,10 @@
 `pipe:CMD` runs a shell command and reads its stdout (or writes its stdin). It is refused unless the
 caller allows it (`allow_pipe=True` or SHARDFLOW_ALLOW_PIPE=1), because a spec often comes from a
 config file and should not be able to run programs. `-` is the process's own stdin or stdout.
+
+The refusal (`PipeNotAllowed`) is a setting to change, not I/O trouble: it is never retried, a job
+meets it when it is planned (`refuse_pipes`, called by ShardJob.prepare), before any task runs, and
+the one message (`refusal`) says how to allow pipes.
 """
 
 from __future__ import annotations
@@ -11,9 +15,9 @@ import os
 import signal
 import subprocess
 import sys
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Iterable
 
-from shardflow.errors import PipeError
+from shardflow.errors import PipeError, PipeNotAllowed
 
 if TYPE_CHECKING:
     from shardflow.storage.schemes import OpenRequest
@@ -26,6 +30,26 @@ def pipe_allowed(allow_pipe: bool | None) -> bool:
     if allow_pipe is not None:
         return allow_pipe
     return os.environ.get(PIPE_ENV, "") not in ("", "0", "false", "no")
+
+
+def refusal(url: str) -> PipeNotAllowed:
+    """THE refusal of a `pipe:` URL, one line saying how to allow pipes (jobs, tools, the reader)."""
+    return PipeNotAllowed(
+        "pipe: URLs run shell commands and are off by default; allow them with allow_pipe=True "
+        f"(`shardflow run --set allow_pipe=true`, `--allow-pipe` of the tools), or {PIPE_ENV}=1 where no "
+        "allow_pipe is given",
+        url=url,
+    )
+
+
+def refuse_pipes(urls: Iterable[str], allow_pipe: bool | None) -> None:
+    """Raise the refusal for the first `pipe:` URL of `urls` unless pipes are allowed: what a job checks
+    of its planned inputs and outputs, so a refused pipe stops it before any task (and no retry) runs."""
+    if pipe_allowed(allow_pipe):
+        return
+    for url in urls:
+        if url.startswith("pipe:"):
+            raise refusal(url)
 
 
 class StdStream:
@@ -64,11 +88,7 @@ class PipeStream:
 
     def __init__(self, url: str, mode: str, *, allow_pipe: bool | None = None) -> None:
         if not pipe_allowed(allow_pipe):
-            raise PipeError(
-                f"pipe: URLs run shell commands and are off by default; pass allow_pipe=True "
-                f"or set {PIPE_ENV}=1 to allow them",
-                url=url,
-            )
+            raise refusal(url)
         self.url = url
         self.mode = mode
         command = url[len("pipe:"):]

@@ -29,6 +29,7 @@ _P = "shardflow.storage.pipes"
 _PUB = "shardflow.storage.publish"
 _SRC = "shardflow.storage.sources"
 _CW = "shardflow.storage.conditional"
+_UP = "shardflow.storage.upload"
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,10 @@ class Protocol:
     # creating a small object only if absent or only if still at the version read; None: the store has
     # none shardflow uses (a run directory's lease there is best effort, rundir.lease)
     conditional_put: tuple[str, str] | None = None
+    # unfinished uploads a killed writer leaves open (billed, unlisted): (list_open, abort) as "module:attr"
+    # (storage.upload), so a task's restart aborts its own (storage.stale_uploads); None: the store keeps
+    # none (gcsfs's resumable sessions are no objects and expire in a week) or shardflow cannot list them
+    open_uploads: tuple[str, str] | None = None
 
 
 DEFAULT = Protocol("*")  # any fsspec protocol without a record
@@ -90,7 +95,8 @@ PROTOCOLS: dict[str, Protocol] = {record.name: record for record in [
     *_rows(DEFAULT, "http", "https", source=f"{_SRC}:HTTPSource", source_needs="encode_url"),
     *_rows(_BIG_STORE, "s3", "s3a", source=f"{_SRC}:S3Source", source_needs="_call_s3", cat_in_one_request=True,
            conditional_put=(f"{_CW}:s3_put_if", f"{_CW}:s3_version"),
-           lean_listing=("shardflow.storage.s3_listing:names_in", "_call_s3")),
+           lean_listing=("shardflow.storage.s3_listing:names_in", "_call_s3"),
+           open_uploads=(f"{_UP}:s3_open_uploads", f"{_UP}:s3_abort_upload")),
     *_rows(_BIG_STORE, "gs", "gcs", source=f"{_SRC}:GCSSource", source_needs="call",
            conditional_put=(f"{_CW}:gcs_put_if", f"{_CW}:gcs_version")),
     *_rows(_STREAMING, "az", "abfs", "abfss", "adl", "oci", "oss"),

@@ -5,12 +5,17 @@ a clean `close()`. fsspec's files *commit on garbage collection* (`AbstractBuffe
 calls `close()`; gcsfs defers the same close to a thread), which would publish a partial object when
 a writer is dropped after an error. Files from `open_upload` are switched to a subclass whose
 finaliser aborts the upload instead.
+
+A writer killed outright aborts nothing: on S3 its multipart upload stays open. The primitives to
+list and abort such leftovers (named by the protocol record's `open_uploads`) are at the end of this
+module; storage.stale_uploads decides which of them are dead when a task starts again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from shardflow.storage.protocols import protocol_of_fs
@@ -79,7 +84,8 @@ def abort_upload(f: Any, *, network: bool = True) -> None:
     """Abort an upload in progress; the object is not created (or left as it was). Never raises.
 
     With `network=False` (finalisers, event-loop threads) the upload is only made unpublishable
-    locally; S3 then keeps the unfinished multipart parts until the bucket's lifecycle rule for
+    locally; S3 then keeps the unfinished multipart parts until the task's next start aborts them
+    (storage.stale_uploads, as for a writer killed outright) or the bucket's lifecycle rule for
     incomplete uploads removes them (GCS expires unfinished resumable uploads after a week).
     """
     try:
@@ -98,3 +104,48 @@ def abort_upload(f: Any, *, network: bool = True) -> None:
         f.buffer = None
     except Exception:  # noqa: BLE001
         pass
+
+
+# ------------------------------------------------------------------------------------------------
+# uploads a killed writer left open (Protocol.open_uploads; storage.stale_uploads decides which are dead)
+
+
+@dataclass(frozen=True)
+class OpenUpload:
+    """One unfinished upload: the object (`bucket/key`) it would create and the store's id for it."""
+
+    key: str
+    upload_id: str
+
+
+# S3: ListMultipartUploads / AbortMultipartUpload through s3fs's own client (its retries, its session)
+
+
+def s3_open_uploads(fs: Any, folder: str) -> list[OpenUpload]:
+    """Every unfinished multipart upload under `folder` (`bucket/prefix/`), as fs paths (`bucket/key`)."""
+    from fsspec.asyn import sync
+
+    return sync(fs.loop, _s3_list, fs, folder)
+
+
+async def _s3_list(fs: Any, folder: str) -> list[OpenUpload]:
+    bucket, prefix, _ = fs.split_path(folder)
+    if prefix and not prefix.endswith("/"):
+        prefix += "/"
+    params: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "MaxUploads": 1000}
+    found: list[OpenUpload] = []
+    while True:
+        page = await fs._call_s3("list_multipart_uploads", **params)
+        found.extend(OpenUpload(f"{bucket}/{u['Key']}", u["UploadId"]) for u in page.get("Uploads") or ())
+        marker = (page.get("NextKeyMarker") or "", page.get("NextUploadIdMarker") or "")
+        if not page.get("IsTruncated") or marker == (params.get("KeyMarker"), params.get("UploadIdMarker")):
+            return found  # the last page (or a store that pages without moving on: never loop)
+        params["KeyMarker"], params["UploadIdMarker"] = marker
+
+
+def s3_abort_upload(fs: Any, upload: OpenUpload) -> None:
+    """Abort one multipart upload: its parts are deleted and the key is left as it was."""
+    from fsspec.asyn import sync
+
+    bucket, key, _ = fs.split_path(upload.key)
+    sync(fs.loop, fs._call_s3, "abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload.upload_id)

@@ -6,7 +6,8 @@ A batch never spans input shards (so never tasks); the last batch of a shard may
 may one that lost samples to read or decode errors. Outputs are written in order, so a batched job
 writes the same bytes as the same function applied sample by sample. The error policy still holds
 per sample: a batch whose fn raises is retried one sample at a time, and each sample that fails
-alone is logged with its key (one bad sample costs its batch a retry, not the task). The global
+alone is logged with its key (one bad sample costs its batch a retry, not the task). A fatal exception
+(errors.FATAL_ERRORS: MemoryError, SystemError) is not retried: it fails the task. The global
 generators are seeded from (job seed, first key of the batch) before each call; `sample_rng(sample)`
 stays per sample, independent of batching.
 """
@@ -15,15 +16,15 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Iterator
 
-from shardflow.errors import JobError, SkipSample
+from shardflow.errors import SampleError, SkipSample
 from shardflow.rundir.stats import Stats
 from shardflow.shards.keys import Sample
 from shardflow.task.batch_values import batch_outputs, collate
 from shardflow.task.context import TaskContext
-from shardflow.task.failures import SampleFailures
+from shardflow.task.failures import SampleFailures, fatal_error
 from shardflow.task.overlap import read_ahead
 from shardflow.task.overlap import sink as make_sink
-from shardflow.task.process import SampleProcessor, output_key_problem, reuse_raw, unchanged_values
+from shardflow.task.process import SampleProcessor, output_key_problem, refused_output, reuse_raw, unchanged_values
 from shardflow.task.seeds import seed_globals, stable_seed
 
 Report = Callable[[Exception], None]
@@ -38,7 +39,7 @@ class BatchProcessor:
         self.context, self.stats, self.failures, self.fn = context, stats, failures, fn
         self.batch_size = int(context.spec.batch_size or 1)
         self.produced_by: dict[str, str] = {}  # output key -> input key, across the task
-        self._encode_failures: list[tuple[BaseException, str, str]] = []  # from the writer thread
+        self._encode_failures: list[tuple[BaseException, str, str, str]] = []  # from the writer thread
 
     # -- the task's thread ---------------------------------------------------------------------
     def write_all(self, open_samples: OpenSamples, url: str, writer: Any, progress: Callable[[int], None]) -> None:
@@ -85,7 +86,7 @@ class BatchProcessor:
             self.stats.skip_reasons[skip.reason] += 1
             return []
         except Exception as exc:  # noqa: BLE001 - the user's function may raise anything
-            if len(batch) > 1:
+            if len(batch) > 1 and fatal_error(exc) is None:  # a fatal one fails the task now (record)
                 return self._one_by_one(batch, url)
             self.failures.record(exc, url, keys[0], "process")
             return []
@@ -107,9 +108,9 @@ class BatchProcessor:
         out = []
         for sample, source in pairs:
             out_key, in_key = sample["__key__"], keys[source]
-            why = output_key_problem(out_key, in_key, self.produced_by)
-            if why is not None:
-                self.failures.record(JobError(why, url=url, key=in_key), url, in_key, "process")
+            problem = output_key_problem(out_key, in_key, self.produced_by, url)
+            if problem is not None:
+                self.failures.record(problem, url, in_key, "read" if isinstance(problem, SampleError) else "process")
                 continue
             self.produced_by[out_key] = in_key
             out.append((reuse_raw(sample, raw), in_key))
@@ -117,8 +118,8 @@ class BatchProcessor:
 
     def _record_encode_failures(self) -> None:
         while self._encode_failures:
-            error, url, key = self._encode_failures.pop(0)
-            self.failures.record(error, url, key, "encode")
+            error, url, key, where = self._encode_failures.pop(0)
+            self.failures.record(error, url, key, where)
 
     # -- the reader thread ---------------------------------------------------------------------
     def _chunks(self, open_samples: OpenSamples) -> Iterator[list[tuple[Any, ...]]]:
@@ -167,9 +168,13 @@ class BatchProcessor:
             try:
                 encoded = encoder(sample)
             except Exception as exc:  # noqa: BLE001 - logged by the task's thread
-                self._encode_failures.append((exc, url, key))
+                self._encode_failures.append((exc, url, key, "encode"))
                 continue
-            writer.write(encoded)
+            try:
+                writer.write(encoded)
+            except SampleError as exc:  # refused before a byte was written: this sample's failure
+                self._encode_failures.append((refused_output(exc, url, key), url, key, "process"))
+                continue
             self.stats.samples_out += 1
 
 

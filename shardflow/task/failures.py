@@ -2,7 +2,8 @@
 
 `on_error="raise"` stops the task at the first bad sample; otherwise each one is logged (shard, key,
 stage, reason) for errors/NNNNNN.jsonl, and the task fails only when too many samples failed
-(`max_failure_rate`), naming the most common failure with an example key.
+(`max_failure_rate`), naming the most common failure with an example key. A fatal exception
+(errors.FATAL_ERRORS: the process is broken, not the sample) fails the task whatever the policy.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import traceback
 from collections import Counter
 from typing import Any
 
-from shardflow.errors import RAISE, WARN, FailureKind, ShardflowError
+from shardflow.errors import RAISE, WARN, FailureKind, ShardflowError, fatal_error
 from shardflow.rundir.stats import Stats
 from shardflow.rundir.tracebacks import TRACES_PER_DIGEST, format_trace
 from shardflow.storage.paths import is_local, local_path
@@ -46,9 +47,18 @@ class SampleFailures:
         self.last_error: BaseException | None = None  # for where a repeated bug is (user_bug)
 
     def record(self, error: BaseException, url: str, key: str | None, where: str) -> None:
-        """Log a failed sample; raise instead when the policy says to stop."""
+        """Log a failed sample; raise instead when the policy says to stop, or when the error is fatal
+        (FATAL_ERRORS: the task fails whatever the policy, see fatal_error)."""
         if self.debug:
             raise error
+        fatal = fatal_error(error)
+        if fatal is not None:
+            self.note(error, url, key, where)
+            kind = FailureKind.USER if self.on_error == RAISE else FailureKind.INPUT
+            raise TaskFailed(f"shard {safe(redact_userinfo(url))}, key {safe_repr(key)}, {where}: "
+                             f"{type(fatal).__name__}: {safe(str(fatal), 500)} (fatal: this process is broken, "
+                             f"not the sample; the task fails whatever on_error says and runs again on the next "
+                             f"run)", kind) from error
         self.stats.failed += 1
         self.stats.fail_reasons[type(error).__name__] += 1
         self.note(error, url, key, where)
@@ -124,7 +134,7 @@ def missing_input(url: str, error: BaseException) -> TaskFailed:
                               f"no folder {safe(folder)} here; is the filesystem mounted on every worker? "
                               f"({safe(error)})", FailureKind.IO)
     return TaskFailed(f"input shard missing: {error} (it was planned; restore it, or plan again without it using "
-                      "--force)", FailureKind.INPUT)
+                      "--redo)", FailureKind.INPUT)
 
 
 def user_bug(errors: list[dict[str, Any]], stats: Stats, last: BaseException | None = None) -> str | None:

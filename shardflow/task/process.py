@@ -2,7 +2,9 @@
 
 fn(sample) may return a dict (1:1), None (dropped: a filter), an iterable of dicts (1:N, keys must
 stay unique in the task) or raise SkipSample(reason). Values fn passes through untouched are written
-as the input's own bytes (no lossy re-encode of an unchanged JPEG).
+as the input's own bytes (no lossy re-encode of an unchanged JPEG). Every failure goes to
+`SampleFailures.record`, which fails the task on a fatal exception (MemoryError, SystemError:
+errors.FATAL_ERRORS) whatever the policy, so the per-sample path pays nothing for that check.
 
 A job that decodes (images, tensors) runs its tasks overlapped, as the batched path does
 (`SampleProcessor.write_all`): read + decode in one thread, fn in the task's thread, encode + write in
@@ -19,7 +21,7 @@ import types
 from itertools import islice
 from typing import Any, Callable, Iterable, Iterator
 
-from shardflow.errors import JobError, SkipSample
+from shardflow.errors import JobError, SampleError, ShardflowError, SkipSample
 from shardflow.rundir.stats import Stats
 from shardflow.shards.keys import Sample, check_key
 from shardflow.task.context import TaskContext
@@ -81,9 +83,9 @@ class SampleProcessor:
         encoded = []
         for out in outputs:
             out_key = out["__key__"]
-            why = output_key_problem(out_key, key, self.produced_by)
-            if why is not None:
-                record(JobError(why, url=url, key=key), url, key, "process")
+            problem = output_key_problem(out_key, key, self.produced_by, url)
+            if problem is not None:
+                record(problem, url, key, "read" if isinstance(problem, SampleError) else "process")
                 continue
             try:
                 encoded.append(self.context.encoder(reuse_raw(out, raw)))
@@ -167,7 +169,11 @@ class SampleProcessor:
 
         for key, outputs, raw in chunk:
             for encoded in self._encode_all(outputs, raw, url, key, record):
-                writer.write(encoded)
+                try:
+                    writer.write(encoded)
+                except SampleError as exc:  # refused before a byte was written: this sample's failure
+                    record(refused_output(exc, url, key), url, key, "process")
+                    continue
                 self.stats.samples_out += 1
 
 
@@ -178,13 +184,37 @@ _CHUNK = 4
 _CHUNK_BYTES = 256 << 10
 
 
-def output_key_problem(out_key: Any, in_key: str, produced_by: dict[str, str]) -> str | None:
+def output_key_problem(out_key: Any, in_key: str, produced_by: dict[str, str], url: str
+                       ) -> ShardflowError | None:
     """Why an output key cannot be written in this task (None when it can): not a key that reads back
-    identically, or already produced from another input sample (`produced_by`: output key -> input key)."""
+    identically, or already produced from another input sample (`produced_by`: output key -> input key).
+
+    Whose fault it is decides the error: when the INPUT's own key cannot be written either (member
+    names of the shard that are absolute or hold '..': `tar -P`, hostile archives), the shard is at
+    fault, not the job: a SampleError (bad input, skipped under the policy, `input` when the task
+    fails), so a built-in job like split is never called buggy for it. A bad key the job made from a
+    good one stays a JobError (a bug in the job). check_key of the input runs on this failure path only."""
     why = check_key(out_key)
-    if why is None and out_key in produced_by:
-        why = f"output key {out_key!r} produced twice (by input samples {produced_by[out_key]!r} and {in_key!r})"
-    return why
+    if why is not None:
+        input_why = check_key(in_key)
+        if input_why is not None:
+            return SampleError(f"bad member names in the shard (input, not the job): {input_why}", url=url, key=in_key)
+        return JobError(why, url=url, key=in_key)
+    if out_key in produced_by:
+        return JobError(f"output key {out_key!r} produced twice (by input samples {produced_by[out_key]!r} and "
+                        f"{in_key!r})", url=url, key=in_key)
+    return None
+
+
+def refused_output(error: SampleError, url: str, in_key: str) -> JobError:
+    """The failure of one input sample whose output the writer refused (shards.samples.sample_members:
+    an extension or value it cannot write so that it reads back; it raises before writing anything, so
+    the shard being written stays whole). The output is the job's: a JobError naming the shard and the
+    input key, which the policy logs and skips, and which stops the run as a job bug when every sample
+    fails with it. Input extensions are never refused: reader and writer share keys.check_ext."""
+    refused = JobError(f"the writer refused an output of this sample: {error.reason}", url=url, key=in_key)
+    refused.__cause__ = error
+    return refused
 
 
 def unchanged_values(raw: Sample, decoded: Sample) -> dict[int, tuple[str, bytes]]:

@@ -4,7 +4,8 @@
     -> encode -> ShardWriter (atomic per shard) -> error log, stats -> completion marker LAST
 
 It is idempotent: a task whose marker exists is skipped; an unfinished one starts again from a
-clean state (stale temp files of the task removed, shards rewritten with identical bytes).
+clean state (stale temp files of the task removed, on S3 the multipart uploads a killed attempt
+left open for its keys aborted: storage.stale_uploads; shards rewritten with identical bytes).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from shardflow.errors import (
     FailureKind,
     FormatError,
     JobError,
+    PipeNotAllowed,
     SampleError,
     ShardflowError,
     ShardIOError,
@@ -27,13 +29,14 @@ from shardflow.errors import (
 from shardflow.rundir.records import TaskClock
 from shardflow.rundir.stats import Stats
 from shardflow.rundir.tasks import Task, TaskResult
-from shardflow.shards.writer import ShardInfo, ShardWriter, remove_stale_temps
+from shardflow.shards.writer import ShardInfo, ShardWriter, remove_parts_after, remove_stale_temps
 from shardflow.storage.counting import CountingReader
 from shardflow.storage.schemes import open_read
+from shardflow.storage.stale_uploads import abort_own_uploads
 from shardflow.task.batch import BatchProcessor, make_processor
 from shardflow.task.context import TaskContext, _running
 from shardflow.task.failures import SampleFailures, TaskFailed, missing_input
-from shardflow.task.process import SampleProcessor
+from shardflow.task.process import SampleProcessor, refused_output
 from shardflow.task.seeds import job_seed
 from shardflow.task.split_keys import check_split_keys, read_samples, without_split_keys  # split keys held back
 
@@ -120,7 +123,7 @@ def _attempt(task: Task, context: TaskContext, progress: Progress | None, clock:
     spec = context.spec
     failures = SampleFailures(task.id, stats, spec.on_error, spec.max_failure_rate, debug=spec.debug)
     try:
-        infos = _stream_task(task, context, _processor(context, stats, failures), progress)
+        infos = _stream_task(task, context, _processor(context, stats, failures), progress, clock)
     except TaskFailed:
         context.run_dir.write_errors(task.id, failures.errors)
         raise
@@ -183,20 +186,27 @@ def _processor(context: TaskContext, stats: Stats, failures: SampleFailures) -> 
 
 
 def _stream_task(task: Task, context: TaskContext, processor: SampleProcessor | BatchProcessor,
-                 progress: Progress | None) -> list[ShardInfo]:
+                 progress: Progress | None, clock: TaskClock | None = None) -> list[ShardInfo]:
     """Stream every input of the task through the processor into the task's output shards."""
     tag = context.temp_tag(task)
     out_options = context.options_for(task.output)
     remove_stale_temps(task.part_url, out_options, tag=tag)  # by name: no listing
+    # object stores: a killed attempt's open multipart uploads of these keys (one listing per process)
+    abort_own_uploads(task.output, task.output_parts, out_options, scope=context.run_dir_url)
     counter = _ProgressBatcher(progress)
     writer = ShardWriter(task.part_url, maxcount=context.spec.rollover[0], maxsize=context.spec.rollover[1],
                          storage_options=out_options, temp_tag=tag, checksum=context.spec.checksum or "sha256")
+    if clock is not None:  # the counters its beats report while it runs (rundir.beats)
+        clock.follow(processor.stats, writer)
     try:
         with writer:
             for url in task.inputs:
-                _stream_input(url, context, processor, writer, counter)
+                _stream_input(url, context, processor, writer, counter, clock)
             processor.failures.check_rate(final=True)
             infos: list[ShardInfo] = writer.close()
+        # before the marker: a redone task's parts beyond this run's count are an earlier run's (a kill
+        # here leaves the task not done, and its next attempt deletes them again)
+        remove_parts_after(task.part_url, len(infos), out_options)
     except BaseException:
         _drop_temps(task, out_options, tag)
         raise
@@ -219,11 +229,13 @@ def _drop_temps(task: Task, out_options: dict[str, Any] | None, tag: str) -> Non
 
 
 def _stream_input(url: str, context: TaskContext, processor: SampleProcessor | BatchProcessor, writer: ShardWriter,
-                  counter: _ProgressBatcher) -> None:
+                  counter: _ProgressBatcher, clock: TaskClock | None = None) -> None:
     """One input shard of a task: its samples processed and written, its bytes counted."""
     stats, failures = processor.stats, processor.failures
     stream = _open_input(url, context, failures)
     counted = CountingReader(stream)
+    if clock is not None:  # its bytes in the task's beats (rundir.beats) before the input ends
+        clock.reading(counted)
     policy = RAISE if context.spec.on_error == RAISE else SKIP  # read_samples reports; failures warns itself
 
     def report(error: ShardflowError) -> None:
@@ -246,7 +258,11 @@ def _stream_input(url: str, context: TaskContext, processor: SampleProcessor | B
                 break  # a trial run (--limit): the task ends after its first samples
             stats.samples_in += 1
             for encoded in processor.process(sample):
-                writer.write(encoded)
+                try:
+                    writer.write(encoded)
+                except SampleError as exc:  # the writer refused this output, writing nothing (task/process.py)
+                    failures.record(refused_output(exc, url, sample["__key__"]), url, sample["__key__"], "process")
+                    continue
                 stats.samples_out += 1
             counter.add()
             sample = encoded = None  # let go before the next is read: a large sample is freed first (28.6)
@@ -262,6 +278,9 @@ def _stream_input(url: str, context: TaskContext, processor: SampleProcessor | B
 def _open_input(url: str, context: TaskContext, failures: SampleFailures) -> Any:
     try:
         return open_read(url, context.options_for(url), allow_pipe=context.spec.allow_pipe)
+    except PipeNotAllowed as exc:  # a setting, the same for every task: no retry, the run stops (kind user)
+        failures.note(exc, url, None, "open")
+        raise TaskFailed(str(exc), FailureKind.USER) from exc
     except ShardIOError as exc:
         if isinstance(exc.__cause__, _MISSING):
             failures.note(exc, url, None, "open")

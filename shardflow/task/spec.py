@@ -33,17 +33,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from shardflow.errors import DEFAULT_ON_ERROR_JOB, JobError, check_on_error
 from shardflow.shards.checksums import check_checksum
+from shardflow.shards.tar_headers import BLOCK
 from shardflow.storage.options import redact, strip_redacted
 from shardflow.task.devices import DEVICES
 
 LOCATION, SHAPE, POLICY, SECRET, FUNCTION, IDENTITY, RUNTIME = (
     "location", "shape", "policy", "secret", "function", "identity", "runtime")
 UNLIMITED = 1 << 62  # maxcount / maxsize when not set: rollover never happens
+MIN_MAXSIZE = 3 * BLOCK  # the smallest shard ShardWriter writes: one header and data block, the end blocks
 
 
 def _setting(default: Any, role: str, help: str, *, when: str | None = None, factory: Any = None) -> Any:
@@ -101,6 +105,7 @@ class JobSpec:
                 or self.inputs_per_task < 1:
             raise JobError(f"inputs_per_task must be an integer >= 1, not {self.inputs_per_task!r}")
         _check_batching(self.batch_size, self.collate, self.device)
+        _check_rollover(self.maxcount, self.maxsize)
         if self.checksum is not None:
             try:
                 check_checksum(self.checksum)
@@ -190,6 +195,19 @@ def setting_default(name: str) -> Any:
 def setting_help(name: str) -> str:
     """The one-line help of a setting: the CLI flags that set job settings use it."""
     return next(f.metadata["help"] for f in dataclasses.fields(JobSpec) if f.name == name)
+
+
+def _check_rollover(maxcount: Any, maxsize: Any) -> None:
+    """Refuse rollover bounds the writer cannot use (negative, nan, inf, a fraction of a tar's blocks)
+    when the job is made, naming the setting, rather than as a failed task at run time. 0 and None
+    mean not set (no rollover), as they always did."""
+    for name, value, least in (("maxcount", maxcount, 1), ("maxsize", maxsize, MIN_MAXSIZE)):
+        if value is None or (value == 0 and not isinstance(value, bool)):
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
+                or value < least or (name == "maxcount" and value != int(value)):
+            kind = "a whole number" if name == "maxcount" else "a number of bytes"
+            raise JobError(f"{name} must be {kind} >= {least} (or None: no limit), not {value!r}")
 
 
 def _check_batching(batch_size: Any, collate: Any, device: Any) -> None:

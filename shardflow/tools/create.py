@@ -28,6 +28,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 from shardflow.errors import JobError, ShardIOError
+from shardflow.job.guard import inputs_at
 from shardflow.shards.keys import check_key, split_name
 from shardflow.shards.writer import ShardInfo, ShardWriter
 from shardflow.storage import options as so
@@ -340,6 +341,19 @@ def read_batches(samples: list[PlannedSample], storage_options: dict[str, Any] |
                 future.cancel()
 
 
+def own_outputs(pairs: list[tuple[str, str]], pattern: str) -> list[str]:
+    """The sources of `pairs` that are shards this output `pattern` names (job.guard.inputs_at: the runner's
+    comparison, links and `..` resolved), in plan order. An output inside the folder being packed is met
+    as a source by the next run (`create t -o t/out.tar` twice): packed, it would put the dataset into
+    itself, and then be replaced while read. A pattern names at most one shard per source."""
+    if pattern == "-" or pattern.startswith("pipe:"):
+        return []
+    name = _shard_pattern(pattern)
+    outputs = [name(index) for index in range(len(pairs) if "{" in pattern or "%" in pattern else 1)]
+    hits = set(inputs_at(outputs, (source for _, source in pairs if not source.startswith(NOT_PATHS))).values())
+    return [source for _, source in pairs if source in hits]
+
+
 def write_shards(samples: list[PlannedSample], pattern: str, *, maxcount: int, maxsize: float,
                  storage_options: dict[str, Any] | None, jobs: int | None = None,
                  progress: Callable[[int], None] | None = None,
@@ -365,6 +379,11 @@ def write_shards(samples: list[PlannedSample], pattern: str, *, maxcount: int, m
 def _shard_pattern(pattern: str) -> Callable[[int], str]:
     """`out/x-{part:06d}.tar`, `out/x-%06d.tar` or a fixed name (one shard) -> index -> URL."""
     if "{" in pattern:
+        try:  # a field create has no value for ({task}, {name} of the job tools): one line, before writing
+            pattern.format(0, part=0, shard=0)
+        except (KeyError, IndexError, ValueError, AttributeError) as exc:
+            raise JobError(f"output {pattern!r}: create cannot fill {exc} in it; its -o takes only {{part}} (or "
+                           "{part:06d}, {shard}, {}, %06d): the shard's index") from None
         return lambda index: pattern.format(index, part=index, shard=index)
     if "%" in pattern:
         return lambda index: pattern % index

@@ -18,7 +18,7 @@ import numpy as np
 from shardflow.rundir.layout import JOB_RECORD
 from shardflow.rundir.records import DONE, TaskRecord, host_of
 from shardflow.rundir.run_dir import RunDir
-from shardflow.rundir.status import RunStatus, read_status
+from shardflow.rundir.status import RunStatus, progress_json, read_status
 from shardflow.version import __version__
 
 BINS = 60  # points of the time series
@@ -88,7 +88,7 @@ def collect(url: str, storage_options: dict[str, Any] | None = None, *,
         "failures": _failures(status),
         "sample_errors": _sample_errors(status),
         "dropped": _dropped(status),
-        "running": [] if status.tally is None else status.tally.to_json()["running"][:50],
+        "running": [] if status.tally is None else progress_json(status.tally)["running"][:50],  # with beats
     }
 
 

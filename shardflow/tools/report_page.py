@@ -185,8 +185,18 @@ def _settings(d: dict[str, Any]) -> str:
 def _running(d: dict[str, Any]) -> str:
     if not d["running"]:
         return ""
-    rows = [[str(r["task"]), _t(r["worker"]), f'{r["seconds"]:,.0f}'] for r in d["running"]]
-    return "<h2>Running now</h2>" + _table(["task", "worker", "seconds"], rows, {0, 2})
+    rows = [[str(r["task"]), _t(r["worker"]), f'{r["seconds"]:,.0f}', *_beat_cells(r.get("beat"))]
+            for r in d["running"]]
+    return "<h2>Running now</h2>" + _table(["task", "worker", "seconds", "samples read", "samples/s",
+                                            "last beat (s ago)", ""], rows, {0, 2, 3, 4, 5})
+
+
+def _beat_cells(beat: dict[str, Any] | None) -> list[str]:
+    """A running task's last beat (rundir.beats), numbers only; a stale one says so."""
+    if not beat:
+        return ["", "", "", ""]
+    note = f'no progress for {beat["idle"]:,.0f} s (hung or killed?)' if beat["stale"] else ""
+    return [f'{beat["samples_in"]:,}', f'{beat["rate"]:,.1f}', f'{beat["age"]:,.0f}', note]
 
 
 def render(d: dict[str, Any], sheet: dict[str, Any]) -> str:

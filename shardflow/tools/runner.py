@@ -12,6 +12,11 @@ report printed (credentials scrubbed, data escaped) and the exit status:
     2    the job could not start: a bad job file, setting, spec or option, a refused plan, a held lease
     130  interrupted (Ctrl-C, SIGINT, SIGTERM): finished tasks stay done; rerun to resume
 
+It also owns what an output named `-` (standard output) means for every command that writes a tar
+(`stdout_tar_problem`): never a terminal, never rolled over into parts, and, for a job, the report goes
+to stderr (stdout holds nothing but the tar) and every run writes the tar whole (a stream cannot be
+resumed: the run directory records the run, but a rerun starts over, as --redo).
+
 Click is not imported here: the flags are declared in cli/running.py, and the errors that keep a job
 from starting are turned into one line (status 2) by the `guard` the command hands in.
 """
@@ -21,6 +26,7 @@ from __future__ import annotations
 import inspect
 import json
 import signal
+import sys
 from contextlib import contextmanager, nullcontext
 from typing import Any, Callable, ContextManager, Iterator, Mapping
 
@@ -34,6 +40,7 @@ EXIT_FAILED = 1  # tasks failed or not done
 EXIT_ERROR = 2  # the job could not start
 EXIT_INTERRUPTED = 130  # Ctrl-C / SIGINT / SIGTERM
 
+STDOUT = "-"  # the output name that means standard output
 _EXECUTE_ARGS = ("job", "tasks", "progress")  # what the driver passes every backend's execute()
 _FAILED_IDS_SHOWN = 20
 
@@ -44,6 +51,37 @@ class BackendOptionError(JobError):
     def __init__(self, message: str, flag: str) -> None:
         super().__init__(message)
         self.flag = flag
+
+
+def stdout_tar_problem(output: Any, *, rolls_over: bool = False, stream: Any = None) -> str | None:
+    """Why a tar cannot be written to `output` when it is standard output (`-`), None when it can (or when
+    `output` is not `-`): a terminal would show binary data (as gzip, refused; redirect or pipe it), and
+    stdout is one stream, so a job that rolls over (maxcount/maxsize) would put its parts in files named
+    `-_001`... instead. `stream`: what stands for stdout (sys.stdout)."""
+    if output != STDOUT:
+        return None
+    if rolls_over:
+        return ("-o - (standard output) is one shard and cannot roll over into parts: drop --maxcount/--maxsize, "
+                "or write files (-o 'out/{name}-{part:04d}.tar')")
+    stream = sys.stdout if stream is None else stream
+    try:
+        terminal = stream.isatty()
+    except (AttributeError, ValueError):  # closed or not a real stream
+        terminal = False
+    if terminal:
+        return "refusing to write a tar to a terminal: redirect standard output (> out.tar) or pipe it (| tar tv)"
+    return None
+
+
+def _stdout_job(job: Any) -> bool:
+    """Whether `job` writes its one output shard to standard output; refuses (JobError) what cannot."""
+    spec = getattr(job, "spec", None)
+    if getattr(spec, "outputs", None) != STDOUT:
+        return False
+    problem = stdout_tar_problem(STDOUT, rolls_over=bool(spec.maxcount or spec.maxsize))  # type: ignore[union-attr]
+    if problem:
+        raise JobError(problem)
+    return True
 
 
 def backend_names() -> list[str]:
@@ -120,6 +158,8 @@ def run_and_report(make_job: Callable[[], Any], backend: str, *, backend_opts: M
         with guard():
             options.update(backend_options(backend, backend_opts or {}))
             job = make_job()
+            if _stdout_job(job):  # the tar owns stdout: the report goes to stderr; a stream is never "already done"
+                echo, options["redo"] = _print_stderr, True
             if not debug:
                 report = job.run(backend, **options)
         if debug:
@@ -167,7 +207,9 @@ def _shown(url: str) -> str:
     return escape(so.redact_urls(url))
 
 
-def _stderr(line: str) -> None:
-    import sys
+def _print_stderr(*args: Any, **kwargs: Any) -> None:
+    print(*args, **{**kwargs, "file": sys.stderr})
 
+
+def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import heapq
+import math
 import os
 import pickle
 import shutil
@@ -27,12 +28,28 @@ import time
 from typing import Any, BinaryIO, Iterator
 
 from shardflow.errors import SampleError
+from shardflow.text import safe
 from shardflow.tools.fields import FieldError, field_value, sort_key
 
 DEFAULT_MEMORY = 1 << 30
 SPILL_PREFIX = "shardflow-sort-"
 _LOCK = "lock"
 _UNLOCKED_STALE_AFTER = 3600.0  # seconds: a spill folder that never got its lock (killed at once)
+_KEY_ERROR = "__sort_error__"  # why a sample's sort field could not be read (raised by __call__)
+
+
+class SortFieldError(SampleError):
+    """A sample whose sort field cannot be read (its JSON is bad). The reason names shard, key, field and
+    why: no traceback is kept (the frames are shardflow's own), and when every sample has it the run
+    stops with `every_sample_failed`'s message, not as a bug in process()."""
+
+    hide_traceback = True
+
+    @staticmethod
+    def every_sample_failed(first: dict[str, Any], failed: int, total: int) -> str:
+        """The run's message when no sample's field could be read (task.failures.user_bug)."""
+        return (f"the sort field could not be read in any sample ({failed} of {total}), e.g. shard "
+                f"{safe(first['shard'])}, key {first['key']!r}: {safe(first['reason'])}")
 
 
 def passthrough(sample: dict[str, Any]) -> dict[str, Any]:
@@ -48,23 +65,31 @@ class SortSamples:
 
     def __init__(self, by: str = "key", *, memory: float = DEFAULT_MEMORY, reverse: bool = False,
                  tmpdir: str | None = None) -> None:
-        if memory < 1:
-            raise ValueError("memory must be at least 1 byte")
+        if not math.isfinite(memory) or memory < 1:
+            raise ValueError(f"memory must be a number of bytes >= 1, not {memory!r}")
         self.by = by
         self.memory = int(memory)
         self.reverse = reverse
         self.tmpdir = tmpdir
 
     def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
+        error = sample.get(_KEY_ERROR)
+        if error is not None:  # its field could not be read: the job's on_error decides (see key_of)
+            raise SortFieldError(error, url=sample.get("__url__"), key=sample.get("__key__"))
         return sample
 
     def key_of(self, sample: dict[str, Any]) -> tuple[int, Any]:
-        """The sort key of a sample (missing values last in either direction)."""
+        """The sort key of a sample (missing values last in either direction).
+
+        A sample whose field cannot be read (bad JSON) is not the whole shard's problem: it is sorted
+        after every other (even those without the field), carrying the reason, and __call__ raises it as
+        that sample's SampleError, so on_error applies as to any bad sample: skip drops and logs it, raise
+        fails the task with one line naming shard and key."""
         try:
             value = field_value(sample, self.by)
         except FieldError as exc:
-            raise SampleError(f"cannot sort by {self.by!r}: {exc}", url=sample.get("__url__"),
-                              key=sample.get("__key__")) from None
+            sample[_KEY_ERROR] = f"cannot sort by {self.by!r}: {exc}"
+            return (2, 0)
         if self.by in ("key", "__key__"):
             order: tuple[int, Any] = (1, value)
         else:

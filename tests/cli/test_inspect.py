@@ -177,6 +177,21 @@ def test_stats_bad_shard_fails_or_is_skipped(shards):
     assert b"d-001.tar" in skipped.stderr and b"Traceback" not in skipped.stderr
 
 
+def test_ls_skip_goes_on_after_an_unreadable_shard_as_stats_does(shards):
+    """`ls --on-error skip` ("warn on stderr and go on") stopped at the first shard it could not read to
+    its end, with exit 1: the shards after it were never listed."""
+    tmp_path, samples, infos = shards
+    (tmp_path / "d-001.tar").write_bytes(open(infos[1].url, "rb").read()[:3000])  # truncated
+    spec = str(tmp_path / "d-{000..002}.tar")
+    assert cli("ls", spec).returncode == 1
+    skipped = cli("ls", spec, "--on-error", "skip")
+    assert skipped.returncode == 0, skipped.stderr
+    assert b"# " + str(tmp_path / "d-002.tar").encode() in skipped.stdout
+    assert b"d-001.tar" in skipped.stderr and b"1 unreadable" in skipped.stderr and b"Traceback" not in skipped.stderr
+    listed = [line for line in skipped.stdout.splitlines() if line and not line.startswith(b"#")]
+    assert len(listed) == json.loads(cli("stats", spec, "--on-error", "skip", "--json").stdout)["samples"]
+
+
 def test_stats_skip_reports_bad_samples_and_counts_good_ones(tmp_path):
     with TarWriter(str(tmp_path / "dup.tar")) as w:
         w.write({"__key__": "a", "txt": b"1"})

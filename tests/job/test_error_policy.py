@@ -47,6 +47,7 @@ def test_missing_truncated_and_undecodable_inputs(tmp_path):
     assert f"shard {truncated}" in message and "truncated tar" in message and "key 's0000" in message
     message = _failed_task_message(report, 3)
     assert "input shard missing" in message and missing in message and "no such file" in message
+    assert "using --redo" in message  # the flag that replans (--force is its hidden, older name)
     assert report.failed[3]["kind"] == "input"
 
     # the good tasks finished: all their good samples are in their committed outputs

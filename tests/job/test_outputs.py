@@ -128,7 +128,7 @@ def test_fixed_output_names_roll_over_by_size(shards, tmp_path):
 
 
 def test_bad_patterns_are_explained(shards, tmp_path):
-    with pytest.raises(JobError, match="gives the same name to several tasks; add {task} or {name}"):
+    with pytest.raises(JobError, match=r"gives the same name '.*out-0.tar' to tasks 0 and 1: add \{task\} or \{name\}"):
         sf.ShardJob(_copy, spec(shards, "in", 3), str(tmp_path / "out-{part}.tar")).plan()
     with pytest.raises(JobError, match=r"unknown field \{shard\}; use \{task\}, \{name\}, \{part\}"):
         sf.ShardJob(_copy, spec(shards, "in", 3), str(tmp_path / "{shard}-{task}.tar")).plan()

@@ -132,7 +132,8 @@ def test_hostile_member_names_never_escape_or_execute(tmp_path, monkeypatch):
         assert sorted(seen) == sorted(["all.cat", "names.lst", member_file_name(key, ext)])
         assert all(n.isprintable() and not n.startswith(("-", ".")) and " " not in n for n in seen)
     errors = (tmp_path / "out" / "_shardflow" / "errors" / "000000.jsonl").read_text().splitlines()
-    assert len(errors) == 3 and all(json.loads(e)["stage"] == "process" for e in errors)
+    # hostile names in the input are the input's fault, found when its keys are read (not the command's)
+    assert len(errors) == 3 and all(json.loads(e)["stage"] == "read" for e in errors)
 
 
 def test_safe_file_names():
@@ -335,3 +336,19 @@ def test_default_tmpdir_prefers_a_roomy_ram_disk_unless_tmpdir_is_set(monkeypatc
     assert shell.default_tmpdir() == expected
     monkeypatch.setattr(shell, "_SHM_FREE", 1 << 62)
     assert shell.default_tmpdir() is None  # a small /dev/shm (Docker's 64 MiB) is not used
+
+
+def test_sample_directories_a_killed_worker_left_are_swept(tmp_path):
+    """A worker killed with SIGKILL never runs its `finally`: its sample directories stayed in /dev/shm
+    (RAM) for good. They are named by the pid that made them; the next process sweeps those of dead pids."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    scratch = tmp_path / "scratch"
+    (scratch / f"shardflow-sh-{dead.pid}-abc" / "s").mkdir(parents=True)
+    (scratch / f"shardflow-sh-{os.getppid()}-live").mkdir()  # a live process's: kept
+    (scratch / "shardflow-sh-notapid").mkdir()  # not ours to judge: kept
+    spec = text_shard(tmp_path / "in.tar", 1)
+    report = sf.ShellJob("true", spec, str(tmp_path / "out" / "{name}.tar"), tmpdir=str(scratch)).run(
+        "serial", progress=False)
+    assert report.ok
+    assert sorted(p.name for p in scratch.iterdir()) == [f"shardflow-sh-{os.getppid()}-live", "shardflow-sh-notapid"]

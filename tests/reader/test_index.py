@@ -131,3 +131,81 @@ def test_index_on_s3_writes_the_manifest_beside_the_shards(s3_server, s3_bucket,
     outcome = run_index(targets([spec], options), options)
     assert outcome.written == [f"{s3_bucket}/plain/_shardflow/summary.json"] and not outcome.failed
     assert ShardDataset(spec, storage_options=options, decode=None).counts == [3, 6]
+
+
+def _copy(sample):
+    return sample
+
+
+def test_index_keeps_a_jobs_summary_and_refuses_to_amend_it(tmp_path, state):
+    """`index train.yaml` over a job's outputs replaced the job's entries in its own run directory's
+    summary.json with index's (other spellings of the same URLs, appended): the job's record, rewritten."""
+    import shardflow as sf
+    from shardflow.errors import ShardflowError
+
+    (tmp_path / "in").mkdir()
+    for i in range(2):
+        _tar(tmp_path / "in" / f"s-{i}.tar", 3 + i)
+    out = tmp_path / "out"
+    sf.ShardJob(_copy, inputs=str(tmp_path / "in" / "*.tar"), outputs=str(out / "{name}.tar")).run(
+        backend="serial", progress=False)
+    summary = out / "_shardflow" / "summary.json"
+    before = summary.read_bytes()
+    outcome = run_index(targets([str(out / "*.tar"), str(tmp_path / "in" / "*.tar")]))
+    assert outcome.counted_by_job == [str(summary)] and outcome.indexed == 2
+    assert summary.read_bytes() == before  # the job's summary, untouched
+    assert (tmp_path / "in" / "_shardflow" / "summary.json").exists()  # the other folder indexed
+
+    _tar(out / "s-9.tar", 1)  # a shard the job did not write, beside its outputs
+    with pytest.raises(ShardflowError, match="does not list 1 of the 3 shards.*summary of the job run.*-o"):
+        run_index(targets([str(out / "*.tar")]))
+    assert summary.read_bytes() == before
+
+
+def test_a_checkpoint_counts_only_the_shards_it_read(tmp_path, state, monkeypatch):
+    """The checkpoint was named by the manifest as typed (`-o idx.json` in two folders: one checkpoint)
+    and trusted by URL alone: a shard replaced after a failed run kept the count of the old one."""
+    import os
+
+    for folder in ("A", "B"):
+        (tmp_path / folder / "data").mkdir(parents=True)
+    _tar(tmp_path / "A" / "data" / "a.tar", 3)
+    (tmp_path / "A" / "data" / "b.tar").write_bytes(os.urandom(3000))  # not a tar: A's run fails on it
+    _tar(tmp_path / "B" / "data" / "a.tar", 1)
+    _tar(tmp_path / "B" / "data" / "b.tar", 1)
+    monkeypatch.chdir(tmp_path / "A")
+    assert run_index(targets(["data/{a,b}.tar"], output="idx.json")).failed  # a.tar checkpointed, 3 samples
+    monkeypatch.chdir(tmp_path / "B")
+    outcome = run_index(targets(["data/{a,b}.tar"], output="idx.json"))
+    assert (outcome.resumed, outcome.indexed) == (0, 2)
+    assert [e["nsamples"] for e in json.loads((tmp_path / "B" / "idx.json").read_text())["shards"]] == [1, 1]
+    assert "version" not in json.loads((tmp_path / "B" / "idx.json").read_text())["shards"][0]
+
+    monkeypatch.chdir(tmp_path / "A")
+    _tar(tmp_path / "A" / "data" / "a.tar", 2)  # replaced since the checkpoint counted it
+    _tar(tmp_path / "A" / "data" / "b.tar", 1)
+    outcome = run_index(targets(["data/{a,b}.tar"], output="idx.json"))
+    assert (outcome.resumed, outcome.indexed) == (0, 2)
+    assert [e["nsamples"] for e in json.loads((tmp_path / "A" / "idx.json").read_text())["shards"]] == [2, 1]
+
+
+def test_index_needs_no_torch(tmp_path, state):
+    """`shardflow index` imported shardflow.reader, whose __init__ imported torch: on the core install
+    (torch is an extra) the command stopped with an ImportError traceback."""
+    (tmp_path / "d").mkdir()
+    _tar(tmp_path / "d" / "a.tar", 2)
+    code = (
+        "import sys\n"
+        "class NoTorch:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch' or name.startswith('torch.'):\n"
+        "            raise ImportError('no torch here')\n"
+        "sys.meta_path.insert(0, NoTorch())\n"
+        "from shardflow.cli import main\n"
+        "sys.argv = ['shardflow', 'index', sys.argv[1], '-p', '1']\n"
+        "main()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "d" / "a.tar")], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "d" / "_shardflow" / "summary.json").read_text())["shards"][0]["nsamples"] == 2

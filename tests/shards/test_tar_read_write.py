@@ -11,7 +11,7 @@ import pytest
 
 from shardflow.errors import FormatError, ShardflowWarning
 from shardflow.shards.tar_headers import BLOCK
-from shardflow.shards.tar_read import Member, iter_members
+from shardflow.shards.tar_read import Member, NotRegular, iter_members
 from shardflow.shards.tar_recover import Corruption
 from shardflow.shards.tar_write import TarStreamWriter
 
@@ -130,10 +130,12 @@ def test_pax_global_header_is_ignored():
     assert members_of(buf.getvalue()) == [("k.txt", b"1")]
 
 
-def test_directories_and_links_are_skipped():
+def test_directories_are_skipped_and_links_reported():
     files = [("a", "dir"), ("a/000.txt", b"zero"), ("a/link.txt", "symlink"), ("a/hard.txt", "hardlink"),
              ("a/001.txt", b"one")]
-    assert members_of(stdlib_tar(files)) == [("a/000.txt", b"zero"), ("a/001.txt", b"one")]
+    got = list(iter_members(io.BytesIO(stdlib_tar(files)), "mem://x.tar"))
+    assert [(m.name, m.data) for m in got if isinstance(m, Member)] == [("a/000.txt", b"zero"), ("a/001.txt", b"one")]
+    assert [m.error.key for m in got if isinstance(m, NotRegular)] == ["a/link", "a/hard"]  # never silently
 
 
 def test_base256_size_field():

@@ -84,4 +84,4 @@ def test_settings_are_checked_when_the_value_is_made():
         JobSpec(device="gpu")
     with pytest.raises(JobError, match="inputs_per_task"):
         JobSpec(inputs_per_task=0)
-    assert JobSpec(maxcount=0, maxsize=1e3).rollover == (1 << 62, 1000.0)
+    assert JobSpec(maxcount=0, maxsize=1e4).rollover == (1 << 62, 10000.0)  # 0: not set; under 1536: refused

@@ -132,7 +132,7 @@ def test_sort_by_bad_json_names_shard_and_key(tmp_path):
         w.write({"__key__": "a", "json": b'{"label": 1}'})
         w.write({"__key__": "b", "json": b"{not json"})
     result = run("sort", tmp_path / "bad.tar", "-o", tmp_path / "o" / "{name}.tar", "--by", "json.label",
-                 "-b", "serial")
+                 "-b", "serial", "--on-error", "raise")  # under skip (the default) the sample is dropped, logged
     assert result.exit_code == 1
     assert "key 'b'" in result.output and "not valid JSON" in result.output
     assert not (tmp_path / "o" / "bad.tar").exists()

@@ -63,6 +63,7 @@ class SlurmOptions:
     env: Sequence[tuple[str, str]] = field(default_factory=tuple)  # plain variables exported by the script
 
     def __post_init__(self) -> None:
+        _check_one_line(self)
         if self.tasks < 1:
             raise JobError("the plan has no tasks")
         for name in ("tasks_per_array_task", "array_parallelism", "cpus_per_task"):
@@ -75,9 +76,6 @@ class SlurmOptions:
             raise JobError(f"gpu flag {self.gpu_flag!r}: choose 'gres' (--gres=gpu:N) or 'gpus-per-task'")
         if self.time is not None and not _TIME.match(self.time.strip()):
             raise JobError(f"--time {self.time!r} is not a Slurm time (MM, HH:MM:SS, D-HH:MM:SS, UNLIMITED)")
-        for line in self.setup:
-            if "\n" in line:
-                raise JobError("a --setup value is one line; give --setup once per line")
         for arg in self.sbatch_args:
             if not arg.startswith("-") or "\n" in arg:
                 raise JobError(f"--sbatch-arg {arg!r}: give one sbatch option such as --reservation=NAME")
@@ -94,6 +92,34 @@ class SlurmOptions:
     def chunk_indexes(self, task_ids: Sequence[int]) -> list[int]:
         """The array indexes whose chunks hold any of `task_ids` (what a resumed run submits)."""
         return sorted({task_id // self.per_array_task for task_id in task_ids})
+
+
+# every option written into the script as it is (#SBATCH lines, comments, setup lines) rather than
+# shell-quoted: a newline in one would add a line of its own (`--partition $'cpu\n#SBATCH --wrap=evil'`).
+# The rest (env values, container, command, storage options) go through shlex.quote.
+_VERBATIM = ("name", "partition", "time", "mem", "account", "qos", "constraint", "exclude", "log_dir", "run_dir")
+_VERBATIM_LISTS = ("setup", "sbatch_args")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _flag(name: str) -> str:
+    return {"sbatch_args": "--sbatch-arg"}.get(name, "--" + name.replace("_", "-"))
+
+
+def _check_one_line(opts: SlurmOptions) -> None:
+    """Refuse a control character (newline, tab, escape...) in any value the script writes: each
+    must stay on its own line. `setup` is one shell line per item (give --setup once per line)."""
+    values = [(name, getattr(opts, name)) for name in _VERBATIM]
+    values += [(name, item) for name in _VERBATIM_LISTS for item in getattr(opts, name)]
+    for name, value in values:
+        if isinstance(value, str) and _CONTROL.search(value):
+            raise JobError(f"{_flag(name)} {value!r} holds a control character (newline, tab...): each value "
+                           "is one line of the sbatch script" + ("; give --setup once per line"
+                                                                 if name == "setup" else ""))
+    for key, _ in opts.env:
+        if not _ENV_NAME.match(key):
+            raise JobError(f"--env {key!r} is not a variable name (letters, digits and _, not first a digit)")
 
 
 def job_name(text: str) -> str:
