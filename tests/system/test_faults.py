@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -83,7 +84,11 @@ def test_a_store_that_stays_away_is_one_clean_message(s3_server, s3_bucket):
         s3_server.start()
     text = str(info.value)
     assert "lost the store of the run directory" in text and "rerun the same command to resume" in text
-    assert "cat_file failed 3 times" in text and "unreachable for" in text and "retry budget 10 s" in text
+    # the policy's first limit ends it: 3 attempts, or the 10 s budget when a loaded machine's connection
+    # attempts to a stopped server are slow (CI once gave "failed 2 times")
+    attempts = re.search(r"cat_file failed (\d+) times", text)
+    assert attempts is not None and 1 <= int(attempts.group(1)) <= 3, text
+    assert "unreachable for" in text and "retry budget 10 s" in text
     assert run_dir.read_json("plan.json") == {"tasks": []}  # the data was intact
     with pytest.raises(FileNotFoundError):  # a missing file is an answer, not retried
         run_dir.read_json("nothing.json")
