@@ -113,11 +113,25 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+# A TSV cell cannot hold a tab or a line break: they are written as \t, \n, \r, and a backslash as \\, so
+# every cell reads back exactly (the "linear TSV" convention of PostgreSQL's COPY). Nothing else is
+# touched: a caption's emoji joiners, right-to-left marks and soft hyphens stay what they are. Escaping
+# for a terminal (controls and format characters as \xNN) comes on top, on a terminal only.
+_TSV_CELL = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def tsv_cell(text: str, terminal: bool) -> str:
+    """One cell of tsv output: lossless (see _TSV_CELL), and escaped for a terminal when it is one."""
+    cell = text.translate(_TSV_CELL)
+    return printable(cell) if terminal else cell
+
+
 def _text_table(rows: list[dict[str, Any]], columns: list[str], fmt: str, header: bool, escape: bool,
                 raw: bool = False) -> str:
+    """`escape`: the text goes to a terminal (controls and format characters escaped)."""
     out = io.StringIO()
     if fmt == "tsv":
-        lines = ([columns] if header else []) + [[printable(_cell(r[c])) for c in columns] for r in rows]
+        lines = ([columns] if header else []) + [[tsv_cell(_cell(r[c]), escape) for c in columns] for r in rows]
         return "".join("\t".join(line) + "\n" for line in lines)
     if fmt == "csv":
         writer = csv.writer(out, lineterminator="\n")
@@ -178,7 +192,8 @@ def tsv_command(spec: tuple[str, ...], fields: tuple[str, ...], fmt: str, output
     """One line per sample: key, url and the named fields (tar2tsv), as tsv, csv, jsonl or parquet.
 
     Members that are not text or JSON give their size in bytes. Text output to a terminal is
-    escaped (control characters as \\xNN); tsv always escapes tabs and newlines in values. Cells are
+    escaped (control characters as \\xNN); tsv writes tabs, line breaks and backslashes in values as
+    \\t, \\n, \\r and \\\\ (lossless: anything else, emoji and right-to-left text too, as it is). Cells are
     cut at --max-chars; csv cells that would run as spreadsheet formulas get a leading ' (--raw-cells).
     Parquet needs pyarrow (the `tables` extra).
 
@@ -198,9 +213,10 @@ def tsv_command(spec: tuple[str, ...], fields: tuple[str, ...], fmt: str, output
         if output is not None:
             refuse_input_as_output(output, urls)
         if output is None:
+            terminal = sys.stdout.isatty()
             for sample in _samples(urls, options, allow_pipe, on_error):
                 row = _row(sample, fields, on_error, max_chars)
-                sys.stdout.write(_text_table([row], columns, fmt, header, escape=True, raw=raw_cells))
+                sys.stdout.write(_text_table([row], columns, fmt, header, escape=terminal, raw=raw_cells))
                 header = False
                 bar.update(1)
             sys.stdout.flush()

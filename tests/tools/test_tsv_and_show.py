@@ -73,10 +73,44 @@ def test_table_formats_round_trip(shard, tmp_path, fmt):
 
 
 def test_tsv_escapes_hostile_keys_on_a_terminal(tmp_path):
+    from tests.cli.test_terminal_output import on_terminal
+
     with sf.TarWriter(str(tmp_path / "h.tar")) as w:
         w.write({"__key__": "evil\x1b]0;pwned\x07", "txt": b"x"})
-    result = run("tsv", tmp_path / "h.tar", "-f", "txt")
-    assert "\x1b" not in result.stdout and "\\x1b]0;pwned\\x07" in result.stdout
+    status, shown, _ = on_terminal("tsv", tmp_path / "h.tar", "-f", "txt", cwd=tmp_path)
+    assert status == 0 and b"\x1b" not in shown and b"\\x1b]0;pwned\\x07" in shown
+
+
+CAPTION = ("family \U0001F468\u200d\U0001F469, \u05e9\u05dc\u05d5\u05dd\u200f, soft\xadhyphen, a\\x1b, "
+           "tab\there\nline\rend")
+
+
+def _unescape_tsv(cell: str) -> str:
+    out, i = [], 0
+    while i < len(cell):
+        if cell[i] == "\\":
+            out.append({"\\": "\\", "t": "\t", "n": "\n", "r": "\r"}[cell[i + 1]])
+            i += 2
+        else:
+            out.append(cell[i])
+            i += 1
+    return "".join(out)
+
+
+def test_tsv_to_a_file_or_a_pipe_is_lossless(tmp_path):
+    """Off a terminal, tsv wrote the zero-width joiner, the right-to-left mark and the soft hyphen as
+    literal \\u200d, \\u200f, \\xad (emoji and Hebrew captions broken), and a backslash as itself, so the
+    text `a\\x1b` and a real ESC came out the same. Now only tab, line breaks and backslash are escaped."""
+    with sf.TarWriter(str(tmp_path / "c.tar")) as w:
+        w.write({"__key__": "c0", "txt": CAPTION.encode()})
+    piped = run("tsv", tmp_path / "c.tar", "-f", "txt").stdout
+    written = run("tsv", tmp_path / "c.tar", "-f", "txt", "-o", tmp_path / "c.tsv")
+    assert written.exit_code == 0
+    for text in (piped, (tmp_path / "c.tsv").read_text(encoding="utf-8")):
+        header, row = text.split("\n")[:-1]  # only "\n" ends a line: a cell's line breaks are escaped
+        assert header == "key\turl\ttxt"
+        key, _, cell = row.split("\t")
+        assert key == "c0" and _unescape_tsv(cell) == CAPTION
 
 
 def test_show_writes_a_sheet_whose_size_and_tiles_match(shard, tmp_path):
