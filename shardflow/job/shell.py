@@ -43,6 +43,7 @@ from shardflow.errors import JobError, SampleError
 from shardflow.job.shard_job import ShardJob
 from shardflow.job.shell_files import read_sample, write_sample
 from shardflow.job.shell_procs import Tether
+from shardflow.rundir.pids import pid_alive
 from shardflow.storage.options import is_secret_name
 from shardflow.text import safe, safe_repr
 
@@ -229,21 +230,11 @@ def sweep_dead_sample_dirs(root: str) -> int:
         return 0
     for name in names:
         pid = name[len(_PREFIX):].partition("-")[0]
-        if not (name.startswith(_PREFIX) and pid.isdigit()) or _alive(int(pid)):
+        if not (name.startswith(_PREFIX) and pid.isdigit()) or pid_alive(int(pid)):
             continue
         shutil.rmtree(os.path.join(root, name), ignore_errors=True)
         removed += 1
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's process: alive as far as we can tell
-        return True
-    return True
 
 
 _SHM = "/dev/shm"

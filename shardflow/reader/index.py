@@ -40,6 +40,7 @@ from shardflow.storage.atomic import write_local_atomic
 from shardflow.storage.options import options_for
 from shardflow.storage.paths import filesystem, is_local, local_path
 from shardflow.storage.schemes import open_read, open_write
+from shardflow.storage.sources import object_identity
 from shardflow.storage.specs import expand
 
 STATE_ENV = "SHARDFLOW_INDEX_STATE"
@@ -127,9 +128,6 @@ def index_shard(url: str, storage_options: Any = None) -> dict[str, Any]:
     return {"url": url, "nsamples": nsamples, "nbytes": hashing.nbytes, "sha256": hashing.sha.hexdigest()}
 
 
-_VERSION_KEYS = ("size", "etag", "mtime", "lastmodified", "last_modified", "generation", "md5hash", "updated")
-
-
 def shard_version(url: str, storage_options: Any = None) -> str:
     """What says a shard is still the one a checkpoint entry counted: size and mtime of a local file, the
     store's size, ETag / generation / modification time of an object ('' when it cannot be looked at:
@@ -140,8 +138,7 @@ def shard_version(url: str, storage_options: Any = None) -> str:
             st = os.stat(local_path(url))
             return f"{st.st_size}:{st.st_mtime_ns}"
         fs, path = filesystem(url, options_for(url, storage_options))
-        info = fs.info(path)
-        return json.dumps({k: str(v) for k, v in sorted(info.items()) if k.lower() in _VERSION_KEYS})
+        return json.dumps(object_identity(fs.info(path)))  # the reader's rule of what a version is
     except Exception:  # noqa: BLE001 - unknown: the checkpoint entry is not trusted
         return ""
 

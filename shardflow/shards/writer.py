@@ -62,16 +62,24 @@ def remove_stale_temps(url: str | Callable[[int], str], storage_options: dict[st
     return len(stale)
 
 
+def _by_name(first: str, storage_options: dict[str, Any] | None
+             ) -> tuple[Callable[[str], str], Callable[[str], bool], Callable[[str], Any]]:
+    """(url -> path, exists, remove) for the files of a task's parts, by name: os calls for local paths
+    (fsspec's exists builds an info dict: ~2x the CPU a task), the store's filesystem otherwise."""
+    if is_local(first):
+        return local_path, os.path.lexists, os.unlink
+    fs = filesystem(first, storage_options)[0]
+    return (lambda url: filesystem(url, storage_options)[1]), fs.exists, fs.rm
+
+
 def _remove_task_temps(part: Callable[[int], str], storage_options: dict[str, Any] | None, tag: str) -> int:
-    local = is_local(part(0))  # local paths: os calls (fsspec's exists builds an info dict: ~2x the CPU a task)
-    fs = None if local else filesystem(part(0), storage_options)[0]
-    exists, remove = (os.path.lexists, os.unlink) if fs is None else (fs.exists, fs.rm)
+    path_of, exists, remove = _by_name(part(0), storage_options)
     removed = 0
     for index in itertools.count():
         url = part(index)
         if not url:
             break
-        final = local_path(url) if fs is None else filesystem(url, storage_options)[1]
+        final = path_of(url)
         temp = temp_name(final, tag)
         if exists(temp):
             remove(temp)
@@ -89,15 +97,13 @@ def remove_parts_after(part: Callable[[int], str], count: int, storage_options: 
     first = part(0)
     if first == "-" or first.startswith("pipe:"):
         return 0
-    local = is_local(first)
-    fs = None if local else filesystem(first, storage_options)[0]
+    path_of, exists, remove = _by_name(first, storage_options)
     removed = 0
     for index in itertools.count(count):
-        url = part(index)
-        path = local_path(url) if fs is None else filesystem(url, storage_options)[1]
-        if not (os.path.lexists(path) if fs is None else fs.exists(path)):
+        path = path_of(part(index))
+        if not exists(path):
             return removed
-        os.unlink(path) if fs is None else fs.rm(path)
+        remove(path)
         removed += 1
     return removed
 

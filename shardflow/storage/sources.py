@@ -22,6 +22,13 @@ _IDENTITY_KEYS = ("size", "ETag", "etag", "generation", "VersionId", "version_id
                   "LastModified", "mtime", "updated", "checksum")
 
 
+def object_identity(info: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """What identifies one version of an object, from its `info()`: size plus ETag, generation, checksum
+    or modification time, whichever the store gives (the reader pins ranges to it; `shardflow index`
+    trusts a checkpoint entry only while it is unchanged)."""
+    return tuple((k, str(info[k])) for k in _IDENTITY_KEYS if info.get(k) is not None)
+
+
 def _deleted(url: str) -> ObjectChangedError:
     return ObjectChangedError("object was deleted while it was being read", url=url)
 
@@ -58,7 +65,7 @@ class ObjectSource:
         size = info.get("size")
         # None: no size, or ranges refused ("Accept-Ranges: none"): read as one plain stream instead
         self.size = int(size) if size is not None and info.get("partial", True) is not False else None
-        self.identity = tuple((k, str(info[k])) for k in _IDENTITY_KEYS if info.get(k) is not None)
+        self.identity = object_identity(info)
 
     def fetch(self, start: int, end: int) -> bytes:
         return self.fs.cat_file(self.path, start=start, end=end)
