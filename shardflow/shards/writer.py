@@ -37,6 +37,9 @@ __all__ = ["Encode", "ShardInfo", "ShardWriter", "TarWriter", "format_shard_name
 Encode = Callable[[Sample], Sample]
 
 
+MIN_MAXSIZE = 3 * BLOCK  # the smallest shard ShardWriter writes: a header, a data block, the end blocks
+
+
 def remove_stale_temps(url: str | Callable[[int], str], storage_options: dict[str, Any] | None = None, *,
                        tag: str = "") -> int:
     """Delete temp files a crashed writer left for `url` (or for the parts `url(0)`, `url(1)`, ...).
@@ -267,8 +270,8 @@ class ShardWriter:
         threaded: bool = True,
         background_commit: bool = True,
     ) -> None:
-        if maxcount < 1 or maxsize < 3 * BLOCK:
-            raise ValueError("maxcount must be >= 1 and maxsize >= 1536 bytes")
+        if maxcount < 1 or maxsize < MIN_MAXSIZE:
+            raise ValueError(f"maxcount must be >= 1 and maxsize >= {MIN_MAXSIZE} bytes")
         if isinstance(pattern, str):  # a name shardflow cannot write is refused now, not at the first sample
             check_output_name(format_shard_name(pattern, start_index))
         self.pattern = pattern

@@ -40,14 +40,13 @@ from typing import Any, Mapping
 
 from shardflow.errors import DEFAULT_ON_ERROR_JOB, JobError, check_on_error
 from shardflow.shards.checksums import check_checksum
-from shardflow.shards.tar_headers import BLOCK
+from shardflow.shards.writer import MIN_MAXSIZE  # the writer's bound, checked at the setting too
 from shardflow.storage.options import redact, strip_redacted
 from shardflow.task.devices import DEVICES
 
 LOCATION, SHAPE, POLICY, SECRET, FUNCTION, IDENTITY, RUNTIME = (
     "location", "shape", "policy", "secret", "function", "identity", "runtime")
 UNLIMITED = 1 << 62  # maxcount / maxsize when not set: rollover never happens
-MIN_MAXSIZE = 3 * BLOCK  # the smallest shard ShardWriter writes: one header and data block, the end blocks
 
 
 def _setting(default: Any, role: str, help: str, *, when: str | None = None, factory: Any = None) -> Any:
