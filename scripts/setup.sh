@@ -133,10 +133,11 @@ fi
 rm -f "$STAMP"
 : > "$LOG"
 
-run_logged() {  # run a command with its output in $LOG; on failure show the tail and stop
+run_logged() {  # run a command with its output in $LOG; on failure show the tail (and the disks) and stop
   if ! "$@" >>"$LOG" 2>&1; then
     echo "----- last 40 lines of $LOG -----" >&2
     tail -n 40 "$LOG" >&2
+    df -h "$VENV" "${TMPDIR:-/tmp}" >&2 || true
     die "failed: $*"
   fi
 }
@@ -164,8 +165,16 @@ else
     say "removing a torch/torchvision that is not exactly ${TORCH_PINS[*]}"
     run_logged "$VENV/bin/pip" uninstall -y torch torchvision
   fi
-  say "installing ${TORCH_PINS[*]} from PyPI (~4 GB with the CUDA wheels; a few minutes) ..."
-  run_logged env PIP_FIND_LINKS= PIP_CONFIG_FILE=/dev/null "$VENV/bin/pip" install "${TORCH_PINS[@]}"
+  # The CUDA wheels are ~3 GB downloaded (under TMPDIR) and ~5.5 GB installed, both at once at the peak;
+  # no pip cache (it would keep a third copy). A full disk fails deep inside pip: say it first, in numbers.
+  need_gb=9
+  for dir in "$VENV" "${TMPDIR:-/tmp}"; do
+    free_gb=$(df -Pk "$dir" | awk 'NR==2 {printf "%d", $4 / 1048576}')
+    (( free_gb >= need_gb )) \
+      || say "WARNING: $free_gb GB free on $dir ($(df -P "$dir" | awk 'NR==2 {print $6}')); torch's install needs about $need_gb GB"
+  done
+  say "installing ${TORCH_PINS[*]} from PyPI (~5.5 GB with the CUDA wheels; a few minutes) ..."
+  run_logged env PIP_FIND_LINKS= PIP_CONFIG_FILE=/dev/null PIP_NO_CACHE_DIR=1 "$VENV/bin/pip" install "${TORCH_PINS[@]}"
   say "torch done ($(elapsed))"
 fi
 
