@@ -49,7 +49,7 @@ from shardflow.rundir.run_dir import RunDir  # noqa: E402
 from shardflow.rundir.stats import Stats  # noqa: E402
 from shardflow.rundir.status import read_status  # noqa: E402
 from shardflow.rundir.summaries import SPAN, block_of, merge_span, summary_name, write_block  # noqa: E402
-from shardflow.shards.writer import remove_stale_temps  # noqa: E402
+from shardflow.shards.task_files import remove_stale_temps  # noqa: E402
 
 PYTHON = sys.executable
 

@@ -9,14 +9,15 @@ import signal
 import sys
 import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import TYPE_CHECKING, Any, Iterator
 
 import cloudpickle
 
 from shardflow.backends.forkserver import mp_context
-from shardflow.backends.groups import GroupSizer, take_group
+from shardflow.backends.groups import take_group
+from shardflow.backends.main_guard import check_main_guard
+from shardflow.backends.pool_calls import Pool, PoolCalls, killed_its_worker
 from shardflow.errors import FailureKind
 from shardflow.job.progress import Progress
 from shardflow.rundir.pids import pid_alive
@@ -89,12 +90,13 @@ SMALL_RUN_BYTES = 16 << 20
 
 def _in_driver(job: "ShardJob", tasks: list[Task], gpus: Any, workers: int | None) -> bool:
     """Whether the processes backend runs these tasks here, as `serial` would: one task (a pool cannot
-    run it faster, its start is all it adds), or a raw-bytes job on at most SMALL_RUN_BYTES of local
-    inputs when no worker count was asked for. Measured on 2 cores: a 12 MB passthrough of 4 shards
-    took 2.2 s on processes, 1.3 s serial. A job that decodes always gets its pool (a few MB of JPEGs
-    are seconds of work), so does a GPU job (its workers are pinned to their GPUs), a `map` job (each
-    sample runs a command), a run with inputs elsewhere (their size costs requests) and a run given
-    `workers=N` (the user asked for N processes). A task reading stdin (`-`) always runs here.
+    run it faster, its start is all it adds; unless its worker died under it last time), or a raw-bytes
+    job on at most SMALL_RUN_BYTES of local inputs when no worker count was asked for. Measured on 2
+    cores: a 12 MB passthrough of 4 shards took 2.2 s on processes, 1.3 s serial. A job that decodes
+    always gets its pool (a few MB of JPEGs are seconds of work), so does a GPU job (its workers are
+    pinned to their GPUs), a `map` job (each sample runs a command), a run with inputs elsewhere (their
+    size costs requests) and a run given `workers=N` (the user asked for N processes). A task reading
+    stdin (`-`) always runs here.
     """
     from shardflow.job.shell import ShellCommand
 
@@ -103,7 +105,7 @@ def _in_driver(job: "ShardJob", tasks: list[Task], gpus: Any, workers: int | Non
     if gpus is not None or os.environ.get("SHARDFLOW_ALWAYS_POOL") == "1":
         return False
     if len(tasks) <= 1:
-        return True
+        return not killed_its_worker(job, tasks[0])  # a task that crashed its worker must not crash the driver
     if workers is not None or isinstance(job.fn, ShellCommand):
         return False
     if job.spec.decode is not None or job.spec.batch_size is not None:
@@ -228,108 +230,45 @@ def execute_processes(job: "ShardJob", tasks: list[Task], progress: Progress, *,
     if _in_driver(job, tasks, gpus, workers):
         yield from execute_serial(job, tasks, progress)
         return
+    check_main_guard("processes backend")  # a script without the main guard: one line, before any worker starts
     workers = max(1, min(workers or (gpus.workers if gpus else default_workers()), len(tasks)))
     job_bytes = cloudpickle.dumps(job)
     context = mp_context(job_bytes)
-    counts = context.Queue()
-    slots = None if gpus is None else context.Queue()
-    for slot in gpus.slots if gpus else ():
-        slots.put(slot)
     threads = gpus.threads(workers) if gpus else _worker_threads(workers)
-    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
-                               initargs=(job_bytes, counts, threads, os.getpid(), slots))
-    calls = _PoolCalls(pool, tasks, workers)
+
+    def start_pool() -> Pool:
+        """A pool of `workers` processes (a new one after a worker died: backends.pool_calls)."""
+        counts = context.Queue()
+        slots = None if gpus is None else context.Queue()
+        for slot in gpus.slots if gpus else ():
+            slots.put(slot)
+        executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
+                                       initargs=(job_bytes, counts, threads, os.getpid(), slots))
+        return Pool(executor, counts, time.time())
+
+    calls = PoolCalls(start_pool, _run_group, take_group, lambda counts: _drain(counts, progress), job, tasks,
+                      workers)
     clean = False
     try:
         calls.top_up()
         while calls.running:
             finished, _ = wait(calls.running, timeout=0.5, return_when=FIRST_COMPLETED)
-            _drain(counts, progress)
+            _drain(calls.pool.counts, progress)
             for future in finished:
-                yield from calls.collect(future, job)
-                if not calls.running and calls.broken:  # a worker died: every call in flight was reported
-                    break
+                yield from calls.collect(future)
                 calls.top_up()  # after the consumer took them: one that stops at a result submits nothing more
-        _drain(counts, progress)
+        _drain(calls.pool.counts, progress)
         clean = True
     finally:
+        pool = calls.pool.executor
         if not clean:  # interrupted or the consumer stopped early: stop the workers now
-            for process in list(getattr(pool, "_processes", {}).values()):
+            for process in list((getattr(pool, "_processes", None) or {}).values()):
                 if process.is_alive():
                     os.kill(process.pid, signal.SIGINT)
         pool.shutdown(wait=True, cancel_futures=True)
         if clean:
-            _drain(counts, progress)  # the last counts a worker flushed as it ended its call
-        counts.close()
-
-
-class _PoolCalls:
-    """The calls in flight on the pool: groups of tasks taken in plan order (backends.groups: one task
-    per call until tasks are measured, then tiny ones together), at most 2 per worker."""
-
-    def __init__(self, pool: ProcessPoolExecutor, tasks: list[Task], workers: int) -> None:
-        self.pool, self.workers = pool, workers
-        self.remaining = list(reversed(tasks))  # popped from the end: plan order
-        self.running: dict[Future, list[Task]] = {}
-        self.sizer = GroupSizer()
-        self.finished_any = False
-        self.broken = False  # a worker died: the pool takes no more calls
-
-    def top_up(self) -> None:
-        while self.remaining and not self.broken and len(self.running) < 2 * self.workers:
-            group = take_group(self.remaining, self.sizer.size(len(self.remaining), self.workers), frozenset())
-            try:
-                self.running[self.pool.submit(_run_group, group)] = group
-            except BrokenProcessPool:  # a worker just died: the calls in flight say so when collected
-                self.remaining.extend(reversed(group))
-                return
-
-    def collect(self, future: Future, job: "ShardJob") -> list[TaskResult]:
-        """The results of a finished call; when a worker died, a result for every task in flight (the
-        pool is broken: nothing runs any more)."""
-        group = self.running.pop(future)
-        try:
-            value = future.result()
-        except BrokenProcessPool:
-            # a worker died (SIGKILL, out of memory): its tasks are unfinished, a rerun redoes them
-            error = "worker process died (killed or out of memory)"
-            if not self.finished_any:
-                error += _startup_hint()
-            lost = [task for call in [group, *self.running.values()] for task in call]
-            self.running.clear()
-            self.broken = True
-            return [_finished_or_failed(job, task, error) for task in lost]
-        self.finished_any = True
-        results = []
-        for result, seconds in value:
-            if result.status == "done":
-                self.sizer.measured(seconds)
-            results.append(result)
-        # tasks after one that ends the run were not started: back in the queue, they run only if the
-        # consumer goes on (run_job stops at that result, so they stay pending for a rerun)
-        self.remaining.extend(reversed(group[len(value):]))
-        return results
-
-
-def _finished_or_failed(job: "ShardJob", task: Task, error: str) -> TaskResult:
-    """A task of a call whose worker died: done, from its marker, when it finished before the death
-    (a group's earlier tasks), else failed (kind io: a rerun redoes it)."""
-    try:
-        run_dir = job.rundir()
-        if run_dir.is_done(task.id):
-            return TaskResult.from_marker(task.id, run_dir.read_done(task.id))
-    except Exception:  # noqa: BLE001 - cannot tell: reported failed, and a rerun skips it if it is done
-        pass
-    return TaskResult.failed(task.id, error, FailureKind.IO)
-
-
-def _startup_hint() -> str:
-    """Why workers may die before finishing anything: a script without a main guard."""
-    main = sys.modules.get("__main__")
-    if getattr(main, "__file__", None) and not getattr(main, "__spec__", None):
-        return (f" before finishing any task; worker processes import the main script ({main.__file__}): "
-                "put the code that runs the job under `if __name__ == \"__main__\":`")
-    return " before finishing any task"
+            _drain(calls.pool.counts, progress)  # the last counts a worker flushed as it ended its call
+        calls.pool.counts.close()
 
 
 def _drain(counts: "multiprocessing.Queue[int]", progress: Progress) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from shardflow.cli.common import EXIT_ERROR, Fail, job_inputs_option, parse_storage_options, storage_option_flag
+from shardflow.cli.running import rerun_flags
 from shardflow.cluster.contract import EXIT_CODES, EXIT_STOP, INDEX_ENV
 from shardflow.errors import ShardflowError
 from shardflow.storage import options as so
@@ -51,12 +52,15 @@ _storage_option = storage_option_flag()
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="with --prepare: job option or PARAMS")
 @click.option("--redo", "--force", "force", is_flag=True, help="with --prepare: start over (replace a different plan; "
               "--force is the older name)")
+@click.option("--extend", is_flag=True, help="with --prepare: add the new inputs to the plan as new tasks (job.extend)")
+@click.option("--retry-failed", is_flag=True, help="with --prepare: the finished tasks that dropped samples run again "
+              "(rundir.retry): the pods of their indexes redo them")
 @click.option("--report", "report_to", metavar="URL", default=None,
               help="with --finalize: also write the report page there (`shardflow report`; e.g. RUN_DIR/report.html)")
 @_storage_option
 def worker_command(run_dir: str, index: int | None, tasks_per_index: int, finalize: bool, prepare_job: str | None,
                    inputs: str | list[str] | None, outputs: str | None, overrides: tuple[str, ...], force: bool,
-                   report_to: str | None, storage_option: tuple[str, ...]) -> None:
+                   extend: bool, retry_failed: bool, report_to: str | None, storage_option: tuple[str, ...]) -> None:
     """Run the tasks of one chunk of a planned job (what each pod runs), idempotently."""
     from shardflow.cluster import worker
 
@@ -66,7 +70,8 @@ def worker_command(run_dir: str, index: int | None, tasks_per_index: int, finali
         from shardflow.job.jobfile import parse_overrides
 
         sys.exit(prepare_in_cluster(prepare_job, run_dir, inputs=inputs, outputs=outputs,
-                                    overrides=parse_overrides(overrides), storage_options=options, force=force))
+                                    overrides=parse_overrides(overrides), storage_options=options,
+                                    rerun=rerun_flags(redo=force, extend=extend, retry_failed=retry_failed)))
     if finalize:
         code = worker.finalize(run_dir, storage_options=options)
         if report_to is not None:  # the page is a view: failing to draw it never fails the finalize step
@@ -154,6 +159,10 @@ def _cluster_options(fn):
                      "`shardflow worker --prepare` in the cluster (where only the cluster can write the bucket)"),
         click.option("--redo", "--force", "force", is_flag=True, help="start over: replace a different plan in the run "
                      "directory (--force is the older name)"),
+        click.option("--extend", is_flag=True, help="the inputs grew: add the new ones to the run directory's plan as "
+                     "new tasks after its own, and count them in the manifest (job.extend)"),
+        click.option("--retry-failed", is_flag=True, help="the finished tasks that dropped samples run again: their "
+                     "markers are forgotten when the plan is written, so their pods redo them (rundir.retry)"),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -175,11 +184,12 @@ def _extras(kw: dict[str, Any]) -> dict[str, Any]:
 
 def _render(kind: str, jobfile: str, inputs: str | list[str] | None, outputs: str | None, run_dir: str | None,
             overrides: tuple[str, ...], storage_option: tuple[str, ...], image: str, no_prepare: bool, force: bool,
-            **kw: Any) -> None:
+            extend: bool, retry_failed: bool, **kw: Any) -> None:
     from shardflow.cluster import manifests
     from shardflow.job.jobfile import load_job, parse_overrides
 
     options = parse_storage_options(storage_option)
+    rerun = rerun_flags(redo=force, extend=extend, retry_failed=retry_failed, no_prepare=no_prepare)
     try:
         job = load_job(jobfile, inputs=inputs, outputs=outputs, overrides=parse_overrides(overrides),
                        run_dir=run_dir, storage_options=options)
@@ -195,7 +205,7 @@ def _render(kind: str, jobfile: str, inputs: str | list[str] | None, outputs: st
             cluster["max_failed_indexes"] = kw["max_failed_indexes"]
         else:
             cluster["retry_max_duration"] = kw["retry_max_duration"]
-        opts = manifests.from_job(job, image, prepare=not no_prepare, force=force, **cluster)
+        opts = manifests.from_job(job, image, prepare=not no_prepare, rerun=rerun, **cluster)
         text = manifests.render_options(opts, kind)
     except (ShardflowError, ValueError) as exc:
         raise Fail(so.scrub(str(exc), options), EXIT_ERROR) from None

@@ -166,7 +166,8 @@ def plan_command(jobfile: str, inputs: str | list[str] | None, outputs: str | No
                    "`shardflow run` asks for --redo (every task again) or --resume-anyway (keep those done)")
     elif state == "different":
         click.echo("the run directory holds a DIFFERENT plan: `shardflow run` refuses it unless given --redo "
-                   "(which discards that progress), or use another --run-dir")
+                   "(which discards that progress) or, where inputs were only added, --extend (which adds them as new "
+                   "tasks); or use another --run-dir")
     shown = tasks if limit == 0 else tasks[:limit]
     for task in shown:
         mark = " [done]" if task.id in done else ""

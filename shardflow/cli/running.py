@@ -9,6 +9,8 @@ from typing import Any, Callable, Mapping
 import click
 
 from shardflow.cli.common import EXIT_ERROR, one_line_errors, parse_storage_options, setting_option
+from shardflow.errors import JobError
+from shardflow.job.rerun import Rerun
 from shardflow.tools import runner
 
 # the flags below that only some backends take (runner.backend_options checks them against the backend)
@@ -52,6 +54,12 @@ def backend_flags(fn: Callable[..., Any]) -> Callable[..., Any]:
                      "dask asks for the worker resource GPU (docs/gpu.md)"),
         click.option("--redo", is_flag=True, help="start over: discard the run directory's progress (it holds a "
                      "different plan, or the job's code changed) and run every task again into fresh outputs"),
+        click.option("--extend", is_flag=True, help="the inputs grew: plan the inputs no stored task has as new tasks "
+                     "after the run directory's plan and run them (with any unfinished ones); finished tasks stay "
+                     "done. Only adds: a stored task's input that is gone is refused; safe to pass on every run"),
+        click.option("--retry-failed", is_flag=True, help="run again the finished tasks that dropped samples "
+                     "(on_error skip: their function raised, a decode failed; not SkipSample), with the unfinished "
+                     "ones: fix the cause first; their outputs and errors/ are written again"),
         click.option("--force", is_flag=True, hidden=True, help="deprecated: the same as --redo"),
         click.option("--steal", is_flag=True, help="take over the run directory's lease when its driver's has expired"),
         setting_option("retry_budget", metavar="SECONDS", type=click.FloatRange(min=0)),
@@ -63,6 +71,22 @@ def backend_flags(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def rerun_flags(*, redo: bool = False, extend: bool = False, retry_failed: bool = False,
+                no_prepare: bool = False) -> Rerun:
+    """The Rerun (job.rerun: the one owner of which choices exclude each other) a command's flags ask for;
+    a contradiction is a usage error (exit 2) before anything runs. `no_prepare`: the command writes no
+    plan, which --extend and --retry-failed act on."""
+    try:
+        rerun = Rerun.of(redo=redo, extend=extend, retry_failed=retry_failed)
+    except JobError as exc:
+        raise click.UsageError(str(exc)) from None
+    if no_prepare and (extend or retry_failed):
+        raise click.UsageError("--extend and --retry-failed change the plan or progress in the run directory, which "
+                               "--no-prepare does not write: drop one of them (in the cluster: shardflow worker "
+                               "--prepare JOBFILE --extend / --retry-failed)")
+    return rerun
+
+
 def run_job_command(make_job: Callable[[], Any], kw: Mapping[str, Any], *,
                     run_options: Mapping[str, Any] | None = None) -> None:
     """Run the job `make_job()` builds as the backend_flags in `kw` say; exit with the runner's status.
@@ -72,7 +96,10 @@ def run_job_command(make_job: Callable[[], Any], kw: Mapping[str, Any], *,
     options = parse_storage_options(kw["storage_option"])
     if kw["force"]:
         click.echo("shardflow: warning: --force is deprecated: it is the same as --redo (start over)", err=True)
-    chosen = {name: True for name in ("redo", "overwrite") if kw.get(name)}  # (run pops them into run_options)
+    rerun_flags(redo=bool(kw.get("redo") or kw["force"] or (run_options or {}).get("redo")),
+                extend=bool(kw.get("extend")), retry_failed=bool(kw.get("retry_failed")))  # usage errors first
+    chosen = {name: True for name in ("redo", "overwrite", "retry_failed", "extend")
+              if kw.get(name)}  # (run pops redo, overwrite into run_options)
     budget = kw.get("retry_budget")
     make = make_job if budget is None else (lambda: make_job().replace(retry_budget=budget))
     status = runner.run_and_report(

@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from shardflow.cli.common import EXIT_ERROR, Fail, job_inputs_option, parse_storage_options, storage_option_flag
+from shardflow.cli.running import rerun_flags
 from shardflow.errors import ShardflowError
 from shardflow.storage import options as so
 
@@ -82,10 +83,15 @@ def _pairs(items: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
               "spec); write the plan first with `shardflow worker --prepare`")
 @click.option("--redo", "--force", "force", is_flag=True, help="start over: replace a different plan in the run "
               "directory (--force is the older name)")
+@click.option("--extend", is_flag=True, help="the inputs grew: add the new ones to the run directory's plan as new "
+              "tasks after its own, and count them in the array (job.extend)")
+@click.option("--retry-failed", is_flag=True, help="the finished tasks that dropped samples run again: their markers "
+              "are forgotten when the plan is written, so their array tasks redo them (rundir.retry)")
 def slurm_command(jobfile: str, inputs: str | list[str] | None, outputs: str | None, run_dir: str | None,
                   overrides: tuple[str, ...], storage_option: tuple[str, ...], shared_fs: bool, submit: bool,
-                  no_prepare: bool, force: bool, time_limit: str | None, worker_command: str, env: tuple[str, ...],
-                  **kw: Any) -> None:
+                  no_prepare: bool, force: bool, extend: bool, retry_failed: bool, time_limit: str | None,
+                  worker_command: str,
+                  env: tuple[str, ...], **kw: Any) -> None:
     """Plan JOBFILE and print the sbatch script of a Slurm job array running it (or --submit it)."""
     from shardflow.cluster.slurm import from_job, render
     from shardflow.job.jobfile import load_job, parse_overrides
@@ -93,11 +99,12 @@ def slurm_command(jobfile: str, inputs: str | list[str] | None, outputs: str | N
     if submit and no_prepare:
         raise click.UsageError("--submit writes the plan first: drop --no-prepare")
     options = parse_storage_options(storage_option)
+    rerun = rerun_flags(redo=force, extend=extend, retry_failed=retry_failed, no_prepare=no_prepare)
     try:
         job = load_job(jobfile, inputs=inputs, outputs=outputs, overrides=parse_overrides(overrides),
                        run_dir=run_dir, storage_options=options)
         settings = {k: v for k, v in kw.items() if v not in (None, ())}  # not given: SlurmOptions' default
-        opts = from_job(job, prepare=not no_prepare, force=force, shared_fs=shared_fs, time=time_limit,
+        opts = from_job(job, prepare=not no_prepare, rerun=rerun, shared_fs=shared_fs, time=time_limit,
                         command=worker_command, env=_pairs(env), **settings)
         text = render(opts)
         where = "nothing written (--no-prepare)" if no_prepare else f"plan written to {opts.run_dir}"

@@ -41,6 +41,7 @@ from shardflow.storage.paths import is_local, local_path
 from shardflow.storage.schemes import open_read
 from shardflow.task.spec import MIN_MAXSIZE
 from shardflow.tools.create_sources import MAX_MEMBER_BYTES
+from shardflow.tools.output_temps import remove_dead_writers_temps, writer_tag
 from shardflow.tools.runner import STDOUT
 
 
@@ -132,13 +133,21 @@ def create_command(source: str, output: str, recipe: bool, maxcount: int, maxsiz
     try:
         with one_line_errors(options, exit_code=EXIT_FAILED):
             infos = write_shards(samples, output, maxcount=maxcount, maxsize=maxsize, storage_options=options,
-                                 jobs=jobs, progress=bar.update, member_limit=max_member)
+                                 jobs=jobs, progress=bar.update, member_limit=max_member, temp_tag=writer_tag())
     finally:
         bar.close()
+    _remove_killed_runs_temps([i.url for i in infos] if output != STDOUT else [])
     nbytes = sum(i.nbytes for i in infos)
     click.echo(f"{len(samples)} samples in {len(infos)} shard(s), {nbytes} bytes: "
                + ", ".join(printable(i.url) for i in infos[:3]) + (" ..." if len(infos) > 3 else ""),
                err=output == STDOUT)  # with -o -, stdout holds nothing but the tar
+
+
+def _remove_killed_runs_temps(outputs: list[str]) -> None:
+    """Delete the temps a killed earlier run (SIGKILL: no cleanup ran) left of these outputs, saying so:
+    only those whose writer is provably dead (tools.output_temps)."""
+    for temp in remove_dead_writers_temps(outputs):
+        click.echo(f"shardflow: removed {printable(temp)}, left by a killed run", err=True)
 
 
 def _without_own_outputs(pairs: list[tuple[str, str]], own: list[str]) -> list[tuple[str, str]]:
@@ -209,12 +218,13 @@ def head_command(spec: tuple[str, ...], count: int, output: str, progress: bool 
     with one_line_errors(options):
         urls = expand_all(spec, options)
     refuse_input_as_output(output, urls)
+    _remove_killed_runs_temps([output] if output != STDOUT else [])
     bar = _progress(progress, count, "sample")
     written, left_out = 0, 0
     produced_by: dict[str, str] = {}  # key -> the shard it came from: a key twice would not read back
     try:
         with one_line_errors(options, exit_code=EXIT_FAILED):
-            with TarWriter(output, storage_options=so.options_for(output, options)) as writer:
+            with TarWriter(output, storage_options=so.options_for(output, options), temp_tag=writer_tag()) as writer:
                 for url in urls:
                     if written >= count:
                         break

@@ -36,6 +36,7 @@ from shardflow.shards.samples import read_samples
 from shardflow.storage import options as so
 from shardflow.storage.publish import open_atomic
 from shardflow.tools.fields import FieldError, field_value
+from shardflow.tools.output_temps import remove_dead_writers_temps, writer_tag
 
 
 def register(group: click.Group) -> None:
@@ -54,7 +55,8 @@ def _samples(urls: list[str], options: dict[str, Any] | None, allow_pipe: bool, 
 
 
 def _write_atomic(url: str, data: bytes, options: dict[str, Any] | None) -> None:
-    out = open_atomic(url, so.options_for(url, options))
+    remove_dead_writers_temps([url])  # a killed earlier run's temp of this file (tools.output_temps)
+    out = open_atomic(url, so.options_for(url, options), tag=writer_tag())
     try:
         out.write(data)
     except BaseException:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Mapping, TextIO
 
 from shardflow.cluster.contract import EXIT_OK, EXIT_RETRY, EXIT_STOP
 from shardflow.errors import JobError, ShardflowError
+from shardflow.job.rerun import Rerun
 from shardflow.storage import options as so
 
 if TYPE_CHECKING:
@@ -39,10 +40,14 @@ def looks_like_credentials(exc: BaseException) -> bool:
     return False
 
 
-def prepare_run_dir(job: "ShardJob", *, force: bool = False) -> None:
-    """job.prepare(), with any storage failure turned into a one-line JobError naming the run directory."""
+def prepare_run_dir(job: "ShardJob", rerun: Rerun = Rerun(), *, err: TextIO | None = None) -> None:
+    """job.prepare_run(rerun), with any storage failure turned into a one-line JobError naming the run
+    directory; what it did beyond writing the plan (tasks added by --extend, forgotten by --retry-failed)
+    is said on `err` (stderr), a line each."""
     try:
-        job.prepare(force=force)
+        prepared = job.prepare_run(rerun)
+        for note in prepared.notes:
+            print(f"shardflow: {note}", file=err or sys.stderr, flush=True)
     except ShardflowError:
         raise
     except Exception as exc:  # noqa: BLE001 - botocore, gcsfs, OSError...: one line, with the way out
@@ -57,7 +62,7 @@ def prepare_run_dir(job: "ShardJob", *, force: bool = False) -> None:
 
 
 def prepare_in_cluster(jobfile: str, run_dir: str, *, inputs: str | list[str] | None, outputs: str | None,
-                       overrides: Mapping[str, Any], storage_options: dict[str, Any] | None, force: bool = False,
+                       overrides: Mapping[str, Any], storage_options: dict[str, Any] | None, rerun: Rerun = Rerun(),
                        out: TextIO | None = None, err: TextIO | None = None) -> int:
     """`shardflow worker --prepare`: write plan.json and job.pkl from inside the cluster; an exit status.
 
@@ -79,7 +84,8 @@ def prepare_in_cluster(jobfile: str, run_dir: str, *, inputs: str | list[str] | 
               file=err)
         return EXIT_RETRY
     try:
-        prepare_run_dir(job, force=force)
+        prepare_run_dir(job, rerun, err=err)
+        tasks = job.task_count()  # an extended plan's (its new inputs grouped among themselves)
     except JobError as exc:
         code = EXIT_RETRY if isinstance(exc.__cause__, Exception) and not looks_like_credentials(exc) else EXIT_STOP
         print(so.scrub(f"shardflow worker --prepare: {exc} (exit {code})", storage_options), file=err)

@@ -16,8 +16,9 @@ from shardflow.codecs.failures import NoEncoder, describe_failure, type_name
 from shardflow.codecs.images import IMAGE_EXTENSIONS, ImageOptions, encode_image
 from shardflow.codecs.registry import EncodeFn, lookup, split_extension, user_encoders
 from shardflow.codecs.values import VALUE_ENCODERS
-from shardflow.errors import EncodeError
+from shardflow.errors import EncodeError, JobError
 from shardflow.storage.file_value import FileValue
+from shardflow.text import safe_repr
 
 
 def encode_entry(ext: str, value: Any, opts: ImageOptions, codecs: Mapping[str, EncodeFn]) -> bytes | FileValue:
@@ -108,6 +109,9 @@ class Encoder:
         if "__key__" in sample:
             out["__key__"] = key
         for k, v in sample.items():
+            if not isinstance(k, str):  # the job's output, not its input: a JobError (task.process records it so)
+                raise JobError(f"output entry name {safe_repr(k)} is {type_name(k)}: entry names must be str, the "
+                               "extension to write it under (such as 'txt' or 'seg.png')", url=url, key=key)
             if not k.startswith("__"):  # final bytes go as encode_entry gives them back: no call per entry
                 out[k] = v if type(v) is bytes else _encode_or_raise(k, v, self.options, self.codecs, url, key)
         return out

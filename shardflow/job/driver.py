@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from shardflow.errors import JobError
 from shardflow.job.backend_registry import backend as get_backend
 from shardflow.job.progress import DEFAULT_HEARTBEAT_S, Progress, json_reader, known_total
+from shardflow.job.rerun import Rerun
 from shardflow.job.trial import prepare_trial
 from shardflow.rundir.beats import stop_idle_beats
 from shardflow.rundir.lease import RunLease
@@ -42,23 +43,32 @@ def run_job(job: "ShardJob", backend: str = "processes", *, steal: bool = False,
 
 def _run_pending(job: "ShardJob", backend: str = "processes", *, force: bool = False,
                  progress: bool | None = None, redo: bool = False, resume_anyway: bool = False,
-                 overwrite: bool = False, limit: int | None = None, limit_tasks: int | None = None,
+                 overwrite: bool = False, extend: bool = False, retry_failed: bool = False,
+                 limit: int | None = None, limit_tasks: int | None = None,
                  debug: bool = False, heartbeat: float | None = DEFAULT_HEARTBEAT_S,
                  lease: RunLease | None = None, **options: Any) -> RunReport:
-    """`redo`/`resume_anyway`/`overwrite`: see job.guard; `limit`: a trial on the first samples of each
-    task, in a scratch run (job.trial); `debug`: serial, the first failure raises its own exception;
-    `heartbeat`: seconds between progress lines off a terminal; `lease`: checked between tasks, so a
-    driver whose lease another took starts no further task (LeaseLost)."""
+    """`redo`/`resume_anyway`/`overwrite`/`extend`/`retry_failed`: what to do with the run directory's
+    progress and plan (job.rerun.Rerun); `limit`: a trial on the first samples of each task, in a scratch
+    run (job.trial); `debug`: serial, the first failure raises its own exception; `heartbeat`: seconds
+    between progress lines off a terminal; `lease`: checked between tasks, so a driver whose lease another
+    took starts no further task (LeaseLost)."""
+    rerun = Rerun.of(force=force, redo=redo, resume_anyway=resume_anyway, overwrite=overwrite, extend=extend,
+                     retry_failed=retry_failed)
+    if retry_failed and limit is not None:
+        raise JobError("retry_failed=True (--retry-failed) retries tasks of the run directory; a trial (limit, "
+                       "--limit) runs in a scratch run of its own: give one of them")
     execute = get_backend(backend)
     started = time.perf_counter()
     if debug:
         if backend != "serial":
             raise JobError("debug=True runs in this process: use the 'serial' backend")
         job = job.replace(debug=True)  # the first failure raises the original exception (run_task catches nothing)
+    notes: tuple[str, ...] = ()
     if limit is not None:
         job, run_dir = prepare_trial(job, limit, limit_tasks)
     else:
-        run_dir = job.prepare(force=force, redo=redo, resume_anyway=resume_anyway, overwrite=overwrite)
+        prepared = job.prepare_run(rerun)
+        run_dir, notes = prepared.run_dir, prepared.notes
     done = run_dir.done_ids()
     count = run_dir.task_count(run_dir.load_plan())
     if len(done) >= count and all(i in done for i in range(count)):
@@ -94,5 +104,5 @@ def _run_pending(job: "ShardJob", backend: str = "processes", *, force: bool = F
         abort_left_uploads(((t.output, t.output_parts) for t in pending), job.options_for)  # storage.stale_uploads
     skipped = len(ids) - len(pending) + sum(r.status == "skipped" for r in results.values())
     return build_report(run_dir, list(ids), results, started, skipped=skipped, interrupted=interrupted,
-                        written=spans.written)
+                        written=spans.written, notes=notes)
 

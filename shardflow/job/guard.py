@@ -101,17 +101,36 @@ def _symlinks(folder: str) -> set[str]:
         return set()
 
 
-def check_not_in_place(tasks: list[Task]) -> None:
+def check_not_in_place(tasks: list[Task], inputs_spec: Any = None, *, extend_hint: bool = False) -> None:
     """Refuse outputs (or their rollover parts) that resolve to any input shard, symlinked inputs
-    included (compared by where they point, whatever --overwrite says)."""
+    included (compared by where they point, whatever --overwrite says).
+
+    An input that is ANOTHER task's output is most often a glob over the output folder that now matches
+    what an earlier run wrote (`-i 'data/*.tar' -o 'data/{name}-x.tar'`, run again): said as such, with
+    the two ways out; `extend_hint` (a stored plan is there) adds the one that keeps it (--extend)."""
     resolve = _Resolver()
-    inputs = {resolve(u): u for t in tasks for u in t.inputs}
+    inputs = {resolve(u): (u, t.id) for t in tasks for u in t.inputs}
     for task in tasks:
         for name in (task.output, task.part_url(1)):
             found = inputs.get(_canonical(name))
-            if found is not None:
-                raise JobError(f"output {name} of task {task.id} is the input shard {found}: a run in place "
+            if found is None:
+                continue
+            if found[1] == task.id:
+                raise JobError(f"output {name} of task {task.id} is the input shard {found[0]}: a run in place "
                                "would destroy its inputs; write the outputs somewhere else")
+            which = f"inputs {inputs_spec!r}" if isinstance(inputs_spec, str) else "inputs"
+            raise JobError(f"the {which} match {found[0]}, this job's own output (task {task.id}'s, as an "
+                           "earlier run wrote it?): use an inputs glob that excludes the outputs, or write the outputs "
+                           "to another folder" + (", or pass --extend (extend=True) to add only the new inputs to the "
+                                                  "stored plan" if extend_hint else ""))
+
+
+def own_outputs(tasks: Iterable[Task]) -> Callable[[str], bool]:
+    """Whether a URL is a name `tasks` write (an output or a rollover part), symlinks resolved: the first
+    run's outputs that a glob over the output folder matches on a rerun (stored_plan_tasks, job.extend)."""
+    names, patterns = _planned(tasks)
+    resolve = _Resolver()
+    return lambda url: _ours(resolve(url), names, patterns)
 
 
 def inputs_at(outputs: Iterable[str], inputs: Iterable[str]) -> dict[str, str]:
@@ -217,7 +236,7 @@ def check_outputs(job: "ShardJob", tasks: list[Task] | None, table: dict[str, An
         return None
     assert tasks is not None
     try:
-        check_not_in_place(tasks)
+        check_not_in_place(tasks, job.spec.inputs, extend_hint=stored is not None)
     except JobError:
         resumed = stored_plan_tasks(tasks, run_dir, stored)
         if resumed is None:
@@ -275,7 +294,7 @@ def _input_folders(folders: set[str]) -> set[str]:
 
 
 def check_code(job: "ShardJob", run_dir: RunDir, *, redo: bool = False, resume_anyway: bool = False,
-               overwrite: bool = False) -> dict[str, Any]:
+               overwrite: bool = False, retry_failed: bool = False) -> dict[str, Any]:
     """After the plan is written: refuse a run directory planned with other code unless told what to do.
 
     `redo`: forget every finished task (they rerun and rewrite their outputs), with the same code too: a
@@ -291,6 +310,11 @@ def check_code(job: "ShardJob", run_dir: RunDir, *, redo: bool = False, resume_a
             run_dir.write_json(PLAN, {**plan, "overwrite": True})
         return code
     if old is not None and not (redo or resume_anyway):
+        if retry_failed:  # (rundir.retry) the tasks that dropped samples are to run again with the new code
+            raise JobError(f"the job's code differs from the code that planned run directory {run_dir.url} "
+                           f"({code_difference(old, code)}): pass --retry-failed --resume-anyway (retry_failed="
+                           "True, resume_anyway=True) to keep the finished tasks of the old code and run the ones "
+                           "that dropped samples with the new code, or --redo alone to run every task again")
         raise JobError(f"the job's code differs from the code that planned run directory {run_dir.url} "
                        f"({code_difference(old, code)}): pass --redo (redo=True) to run every task again into "
                        "fresh outputs, or --resume-anyway (resume_anyway=True) to keep the finished tasks")

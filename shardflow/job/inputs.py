@@ -47,10 +47,16 @@ class ViewingDecoder:
         self.views = dict(views)
         self.inner = inner
 
-    def __call__(self, sample: Sample) -> Sample:
+    def raw_view(self, sample: Sample) -> Sample:
+        """The raw sample as its collection's view shows it: the names the decoded sample has, each
+        holding the raw bytes it is decoded from. task.process.unchanged_values reads it so that a
+        value fn passes through is written as the bytes it came FROM (after `rename: {txt: json}`,
+        the shard's `txt`), never as the shard's member that merely has the same name."""
         collection = self.views.get(sample.get("__url__", ""))
-        if collection is not None:
-            sample = collection.view(sample)
+        return collection.view(sample) if collection is not None else sample
+
+    def __call__(self, sample: Sample) -> Sample:
+        sample = self.raw_view(sample)
         return self.inner(sample) if self.inner is not None else sample
 
 

@@ -19,9 +19,11 @@ from typing import Any, Callable
 from shardflow.errors import JobError, RunStateError
 from shardflow.job import code_origin, guard
 from shardflow.job.backend_registry import front_end
+from shardflow.job.extend import extend_stored
 from shardflow.job.inputs import input_urls, input_views, job_decoder, views_setting
 from shardflow.job.lazy_plan import table_from_specs
 from shardflow.job.naming import check_parts_apart, first_output_folder, output_names
+from shardflow.job.rerun import Prepared, Rerun
 from shardflow.rundir.plan_store import (
     check_readable,
     plan_fingerprint,
@@ -29,6 +31,7 @@ from shardflow.rundir.plan_store import (
     plan_tasks,
     same_table,
 )
+from shardflow.rundir.retry import forget_tasks_that_dropped_samples, retry_note
 from shardflow.rundir.run_dir import RunDir
 from shardflow.rundir.tasks import Task
 from shardflow.shards.spec import is_spec
@@ -235,20 +238,29 @@ class ShardJob:
         return self._encoder
 
     # -- running -------------------------------------------------------------------------------
-    def prepare(self, *, force: bool = False, redo: bool = False, resume_anyway: bool = False,
-                overwrite: bool = False) -> RunDir:
-        """Write the plan and the pickled job to the run directory (once); returns it.
+    def prepare(self, **rerun: bool) -> RunDir:
+        """Write the plan and the pickled job to the run directory (once); returns it. Keywords: those of
+        job.rerun.Rerun.of (redo, force, resume_anyway, overwrite, extend, retry_failed); see prepare_run."""
+        return self.prepare_run(Rerun.of(**rerun)).run_dir
+
+    def prepare_run(self, rerun: Rerun = Rerun()) -> Prepared:
+        """Write the plan and the pickled job to the run directory as `rerun` says; the run directory and
+        notes of what was done beyond that (job.rerun.Prepared).
 
         Refuses outputs in place, existing shards under planned names that no run of this run directory
         wrote (unless `overwrite`), and a run directory planned with other settings or code (unless `redo`:
-        start over; `force` is its older name; or, for code, `resume_anyway`): see job.guard. A rerun whose
-        plan is the stored one skips the output checks (its first run passed them): no listing.
+        start over; or, for code, `resume_anyway`): see job.guard. A rerun whose plan is the stored one
+        skips the output checks (its first run passed them): no listing. `extend`: the inputs no stored
+        task has become new tasks after the stored ones (job.extend). `retry_failed`: once the plan passed
+        its checks, the done tasks that dropped samples are forgotten (rundir.retry), so that a refused
+        code change has forgotten nothing.
         """
         from shardflow.job.jobrecord import save_job
 
         self.make_decoder()
         self.make_encoder()
-        redo = redo or force  # one word for "start over" (force: its older name, kept as an alias)
+        redo, resume_anyway, overwrite = rerun.redo, rerun.resume_anyway, rerun.overwrite
+        notes: list[str] = []
         run_dir = self.rundir()
         run_dir.remove_stale_temps()  # a driver killed mid-write of a marker leaves one behind
         # a brace range with an output pattern is stored as a table: 1M tasks never become 1M JSON objects
@@ -271,6 +283,12 @@ class ShardJob:
             fingerprint = stored["fingerprint"]  # type: ignore[index]
         else:
             fingerprint = plan_fingerprint(plan_tasks(planned), settings)
+        if rerun.extend and stored is not None:  # new inputs: new tasks after the stored ones (job.extend)
+            grown = extend_stored(self, run_dir, stored, table, settings, fingerprint, resume_anyway=resume_anyway,
+                                  overwrite=overwrite)
+            _set(self, _tasks=self._tasks if grown.tasks is None else grown.tasks)
+            stored, fingerprint = grown.stored, grown.fingerprint
+            notes.append(grown.extension.line())
         if stored is None or stored.get("fingerprint") != fingerprint:  # the stored plan passed these checks
             resumed = guard.check_outputs(self, planned.get("tasks"), table, run_dir, stored, overwrite=overwrite)
             if resumed is not None:  # the rerun's glob matched the first run's outputs: resume the plan there
@@ -280,9 +298,12 @@ class ShardJob:
         code = guard.code_fingerprint(self)
         run_dir.init_plan({"job": self.describe(), **planned, "settings": settings, "code": code}, force=redo,
                           fingerprint=fingerprint, stored=stored)
-        guard.check_code(self, run_dir, redo=redo, resume_anyway=resume_anyway, overwrite=overwrite)
+        guard.check_code(self, run_dir, redo=redo, resume_anyway=resume_anyway, overwrite=overwrite,
+                         retry_failed=rerun.retry_failed)
         save_job(run_dir, self)
-        return run_dir
+        if rerun.retry_failed:
+            notes.append(retry_note(forget_tasks_that_dropped_samples(run_dir)))
+        return Prepared(run_dir, tuple(notes))
 
     def run(self, backend: str = "processes", **options: Any) -> Any:
         """Run the pending tasks on a backend ("serial", "processes", "dask", or any registered one);

@@ -37,6 +37,7 @@ from shardflow.reader.cache import ShardCache
 from shardflow.reader.collate import collate
 from shardflow.reader.gpu import GpuDecoder
 from shardflow.reader.layout import Layout
+from shardflow.reader.manifest_check import size_checked
 from shardflow.reader.mix import load_shards
 from shardflow.reader.place import ImagePlacer
 from shardflow.reader.prepare import SampleDecoders, SamplePreparer
@@ -55,6 +56,7 @@ from shardflow.reader.state import (
 )
 from shardflow.reader.stream import Cursor, EpochStream
 from shardflow.reader.warn_once import warn_once
+from shardflow.shards.samples import read_samples
 from shardflow.storage.locate import current_locator
 
 
@@ -103,8 +105,11 @@ class ShardDataset(IterableDataset):
       memory (`batch.is_contiguous(memory_format=torch.channels_last)`): the decoded HWC pixels are
       copied into the batch as they are, skipping the HWC -> CHW transposition (a quarter of the
       decode cost at 256x256). Same values; use `.reshape`, not `.view`, on them.
-    - on_error applies to bad samples and damaged shards; a shard that cannot be opened (missing) is
-      always an error naming it.
+    - on_error applies to bad samples and damaged shards, and to a shard whose size on open differs
+      from its manifest's (a stale count: reader/manifest_check.py); a shard that cannot be opened
+      (missing) is always an error naming it.
+    - a fixed count (equalize / epoch_size) holds when samples go missing (map= drops, damage): a
+      worker short of its quota reads its part again, then the rest of the epoch (stream.py).
     - split_by_node / split_by_worker, rank / world_size override the splitting (default: split by
       torch.distributed rank when initialised, else the RANK/WORLD_SIZE environment, and by worker).
     """
@@ -298,7 +303,8 @@ class ShardDataset(IterableDataset):
         if s.collate_fn is None and s.batch_size is not None and self._decoders.placeable and not gpu_defer:
             placer = ImagePlacer(s.batch_size, s.channels_last, shared, ring)
         return EpochStream(
-            plan=plan, source=ShardSource(self.urls, s, self._manifest, self._shard_cache, locator=self._locator)
+            plan=plan, source=ShardSource(self.urls, s, self._manifest, self._shard_cache, locator=self._locator,
+                                          read=size_checked(read_samples, self.urls, self._manifest))
             if self._mix is None else self._mix.source(s, self._shard_cache, self._locator),
             prepare=SamplePreparer(self._decoders, s.map, s.to_tuple, errors, gpu_defer, placer,
                                    seed=epoch_seed(s.seed, epoch)),

@@ -36,6 +36,7 @@ import numpy as np
 
 from shardflow.reader.cache import ShardCache
 from shardflow.reader.manifest import ShardManifest
+from shardflow.reader.manifest_check import size_checked
 from shardflow.reader.settings import ReaderSettings
 from shardflow.reader.shard_source import ShardSource
 from shardflow.reader.split import (
@@ -212,7 +213,8 @@ class DatasetMix:
                       shardshuffle=settings.shardshuffle).segments
 
     def source(self, settings: ReaderSettings, cache: Callable[[], ShardCache], locator: Locator | None) -> MixSource:
-        sources = tuple(ShardSource(list(c.urls), settings, m, cache, read=_reader(c.fields), locator=locator)
+        sources = tuple(ShardSource(list(c.urls), settings, m, cache, locator=locator,
+                                    read=size_checked(_reader(c.fields), list(c.urls), m))
                         for c, m in zip(self.collections, self.manifests))
         return MixSource(self, sources, settings.seed)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 from shardflow.errors import ShardflowError, ShardIOError
-from shardflow.reader.cache import ShardCache
+from shardflow.reader.cache import ShardCache, object_version
 from shardflow.reader.layout import EpochPlan
 from shardflow.reader.manifest import ShardManifest
 from shardflow.reader.settings import ReaderSettings
@@ -19,7 +19,7 @@ from shardflow.reader.split import TAG_RESAMPLE, Segment, resampled_shards, rng_
 from shardflow.reader.state import ErrorCount
 from shardflow.reader.warn_once import warn_once
 from shardflow.shards.samples import read_samples
-from shardflow.storage.locate import Locator
+from shardflow.storage.locate import Locator, resolve
 from shardflow.storage.paths import is_local
 from shardflow.storage.schemes import open_read
 
@@ -54,8 +54,11 @@ class ShardSource:
         if s.cache_dir is None or is_local(url) or url.startswith("pipe:") or url == "-":
             return open_read(url, options, allow_pipe=s.allow_pipe, locator=self.locator)
         m = self.manifest
+        locator = self.locator
         return self.cache().open(
-            url, lambda: open_read(url, options, allow_pipe=s.allow_pipe, locator=self.locator),
+            url, lambda: open_read(url, options, allow_pipe=s.allow_pipe, locator=locator),
+            # a cached copy is used only while the object open_read would read is still that version
+            version=lambda: object_version(locator.resolve(url) if locator else resolve(url), options),
             nbytes=m.nbytes[index] if m.nbytes else None,
             sha256=m.sha256[index] if m.sha256 else None,
         )

@@ -20,9 +20,14 @@ Two ways to split, chosen by what is known:
   shard is read by `k = ceil(consumers / shards)` consumers, each keeping every k-th sample.
 
 Either way, every sample of the epoch goes to exactly one consumer (unless `equalize`/`epoch_size` ask
-for fixed counts, which drop or repeat a few samples). With counts and `epoch_size`, epoch e reads the
-e-th window of an endless sequence of passes over all samples (pass_segments): consecutive epochs
-cover every sample once before any repeats, whatever the epoch size.
+for fixed counts, which drop or repeat a few samples). A consumer with a fixed count (a quota) that its
+part does not fill (map= dropped samples, a damaged shard) reads refill passes: its own part again,
+then the rest of the epoch's samples (Assignment.refill), so that a worker whose whole part was
+dropped still fills its quota and every rank yields the same number of batches.
+
+With counts and `epoch_size`, epoch e reads the e-th window of an endless sequence of passes over all
+samples (pass_segments): consecutive epochs cover every sample once before any repeats, whatever the
+epoch size.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ EQUALIZE = (None, "drop", "pad")
 TAG_SHARD_ORDER = 0x5348
 TAG_BUFFER = 0x4255
 TAG_RESAMPLE = 0x5253
+TAG_REFILL = 0x5246
 
 
 def mix(*values: int) -> int:
@@ -101,6 +107,9 @@ class Assignment:
     quota: int | None  # exactly this many samples (stop early / repeat to reach it); None: all
     expected: int | None  # samples the segments hold by the counts (None: unknown)
     split_inside: bool  # fewer shards than consumers: shards are shared between consumers
+    # with a quota: what a refill pass reads after the consumer's own segments again, every other
+    # sample of the epoch once (stream.EpochStream's passes); () without a quota
+    refill: tuple[Segment, ...] = ()
 
 
 def shard_order(nshards: int, seed: int, epoch: int, shuffle: bool) -> list[int]:
@@ -218,12 +227,20 @@ def assign(
         nonempty = sum(1 for n in counts if n > 0)
         start, length = rank_range(total, consumer.world, consumer.rank, equalize, epoch_size)
         a, b = worker_part(length, consumer.workers, consumer.worker, batch_size, partial)
+        refill: list[Segment] = []
         if epoch_size is None:
             segments = _ranges_to_segments(start + a, start + b, order, counts) if b > a else []
+            if fixed and b > a:  # the rest of the epoch's sequence, from the end of this part round to it
+                refill = _ranges_to_segments(start + b, start + a + total, order, counts)
         else:  # epochs tile an endless sequence of passes: every sample once before any repeats
             base = (epoch * consumer.world + consumer.rank) * length
             segments = pass_segments(base + a, base + b, counts, seed, shardshuffle) if b > a else []
-        return Assignment(tuple(segments), b - a if fixed else None, b - a, nonempty < consumer.count)
+            if b > a and total > 0:  # the rest of the pass this part starts in, in that pass's order
+                n = (base + a) // total
+                refill = _ranges_to_segments(base + b, base + a + total,
+                                             shard_order(nshards, seed, n, shardshuffle), counts)
+        return Assignment(tuple(segments), b - a if fixed else None, b - a, nonempty < consumer.count,
+                          tuple(refill))
     if equalize is not None and epoch_size is None:
         raise ValueError(
             "equalize= needs known sample counts: pass manifest= (a job's run directory or its "
@@ -234,11 +251,16 @@ def assign(
     units = [Segment(s, 0, None, k, j) for j in range(k) for s in order]
     mine = tuple(units[consumer.index :: n_consumers])
     quota = None
+    refill: tuple[Segment, ...] = ()
     if epoch_size is not None:
         per_rank = rank_quota(consumer.world, equalize, epoch_size)
         a, b = worker_part(per_rank, consumer.workers, consumer.worker, batch_size, partial)
         quota = b - a
-    return Assignment(mine, quota, quota, k > 1)
+        # the other consumers' units, in round-robin order from the one after this consumer's first
+        at = consumer.index
+        refill = tuple(units[(at + j) % len(units)] for j in range(1, len(units))
+                       if (at + j) % len(units) % n_consumers != at)
+    return Assignment(mine, quota, quota, k > 1, refill)
 
 
 def rank_length(

@@ -11,6 +11,7 @@ copy committed) as soon as nobody will read from it.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -21,7 +22,7 @@ from shardflow.reader.prepare import SamplePreparer
 from shardflow.reader.seeding import call_seeded
 from shardflow.reader.shard_source import ShardSource
 from shardflow.reader.shm import Ring, UsedSlots, outgoing
-from shardflow.reader.split import TAG_BUFFER, rng_for
+from shardflow.reader.split import TAG_BUFFER, TAG_REFILL, rng_for
 from shardflow.reader.state import ConsumerTag, EndOfWorker, ErrorCount, Position
 from shardflow.reader.values import pack_unbatched
 from shardflow.reader.warn_once import warn_once
@@ -39,11 +40,6 @@ class Cursor:
         self.taken = start.delivered  # samples out of prepare: delivered + waiting in the batch
         self.delivered = start.delivered  # samples in the items yielded
         self.errors = errors
-
-    @property
-    def fresh(self) -> int:
-        """Raw samples drawn after the resume point."""
-        return max(0, self.raw - self.skip)
 
     def tag(self, slots: UsedSlots = ()) -> ConsumerTag:
         return ConsumerTag.of(self.worker, self.raw, self.delivered, self.errors.count, slots)
@@ -77,20 +73,34 @@ class EpochStream:
         yield EndOfWorker(), self.cursor.tag()
 
     def _one_pass(self, pass_no: int) -> Iterator[dict]:
-        """segments -> read -> shuffle: the raw samples of one pass over the consumer's part."""
-        c = self.plan.consumer
-        rng = rng_for(self.seed, self.plan.epoch, c.rank, c.worker, TAG_BUFFER, pass_no)
-        return shuffle_buffer(self.source.samples(self.plan, self.cursor.errors), self.shuffle, rng)
+        """segments -> read -> shuffle: the raw samples of one pass over the consumer's part; a refill
+        pass (pass_no > 0) then goes on with the rest of the epoch (Assignment.refill), shuffled on its
+        own, so the consumer's own samples come first and the others only when those run out."""
+        c, plan, errors = self.plan.consumer, self.plan, self.cursor.errors
+        rng = rng_for(self.seed, plan.epoch, c.rank, c.worker, TAG_BUFFER, pass_no)
+        own = shuffle_buffer(self.source.samples(plan, errors), self.shuffle, rng)
+        rest = plan.assignment.refill if plan.assignment is not None and pass_no > 0 else ()
+        if not rest:
+            return own
+        others = dataclasses.replace(plan, assignment=dataclasses.replace(plan.assignment, segments=rest))
+        rng = rng_for(self.seed, plan.epoch, c.rank, c.worker, TAG_BUFFER, pass_no, TAG_REFILL)
+        return _chain(own, shuffle_buffer(self.source.samples(others, errors), self.shuffle, rng))
 
     def _passes(self) -> Iterator[dict]:
-        """Raw samples, pass after pass while a quota asks for more (and a pass can give more)."""
+        """Raw samples, pass after pass while a quota asks for more (and a pass can give more).
+
+        What each pass reads is fixed in advance (never chosen by what map= dropped), so a resumed
+        consumer replays the same raw stream. A consumer gives up short of its quota only when a whole
+        refill pass (every sample of the epoch) gave nothing, and only judging a pass it drew whole
+        after its resume point: a pass partly skipped on resume gave something before (it was not the
+        last), whatever its fresh part gives."""
         cursor, quota = self.cursor, self.plan.quota
         for pass_no in itertools.count():
             if quota is not None and cursor.taken >= quota:
                 break
             if pass_no > 0 and (quota is None or self.plan.resampled):
                 break
-            raw0, fresh0, taken0 = cursor.raw, cursor.fresh, cursor.taken
+            raw0, taken0 = cursor.raw, cursor.taken
             stream = self._one_pass(pass_no)
             try:
                 for raw in stream:
@@ -100,12 +110,16 @@ class EpochStream:
                         break
             finally:
                 stream.close()
-            if cursor.raw == raw0 or (cursor.fresh > fresh0 and cursor.taken == taken0):
+            whole = raw0 >= cursor.skip  # drawn whole after the resume point
+            empty = cursor.raw == raw0 or (whole and cursor.taken == taken0)
+            refilled = pass_no > 0 or not (self.plan.assignment and self.plan.assignment.refill)
+            if empty and refilled:
                 if quota is not None and cursor.taken < quota:
                     c = self.plan.consumer
                     warn_once(
-                        f"rank {c.rank} worker {c.worker}: no samples to repeat, so it yields "
-                        f"{cursor.taken} instead of {quota} (ranks may get unequal counts)"
+                        f"rank {c.rank} worker {c.worker}: none of the epoch's samples is left to fill its quota "
+                        f"(all dropped by map= or unreadable), so it yields {cursor.taken} instead of {quota} "
+                        "(ranks may get unequal counts)"
                     )
                 break
 
@@ -158,6 +172,16 @@ class EpochStream:
             batched = self.collate(batch)
         item, used = outgoing(batched, self.ring)
         return item, self.cursor.tag(used)
+
+
+def _chain(*streams: Iterator[dict]) -> Iterator[dict]:
+    """The streams one after the other; closing it closes them all (each shard stream with them)."""
+    try:
+        for stream in streams:
+            yield from stream
+    finally:
+        for stream in streams:
+            stream.close()  # type: ignore[attr-defined]
 
 
 def _after(raws: Iterator[dict], cursor: Cursor) -> Iterator[dict]:

@@ -71,9 +71,14 @@ def chunk_name(chunk: int) -> str:
     return f"plan/chunk-{chunk:06d}.json"
 
 
-def store_plan(run_dir: RunFiles, plan: dict[str, Any], fingerprint: str) -> None:
+def store_plan(run_dir: RunFiles, plan: dict[str, Any], fingerprint: str, *, unchanged: int = 0) -> None:
     """Write `plan` (its "tasks": Task objects or their JSON, or its "table": job.lazy_plan) in the version-2
-    layout: chunk files first, plan.json last. Tasks become JSON one at a time, never all at once."""
+    layout: chunk files first, plan.json last. Tasks become JSON one at a time, never all at once.
+
+    `unchanged`: the first tasks are already stored in chunk files of this layout (a plan grown by
+    --extend, job.extend): their full chunk files are not written again, only the last partial one and
+    the new ones. Until plan.json is replaced, the old plan reads the same tasks from them (a chunk file
+    only grows at its end), so a kill between the writes leaves the old plan or the new one."""
     table: dict[str, Any] | None = plan.get("table")
     tasks = plan["tasks"] if table is None else []
     stored = {k: v for k, v in plan.items() if k not in ("tasks", "table")}
@@ -88,11 +93,24 @@ def store_plan(run_dir: RunFiles, plan: dict[str, Any], fingerprint: str) -> Non
         tasks = tasks or list(plan_tasks(plan))  # a table from the specs, too big to keep: chunk files
         table = None
     if table is None:
-        for start in range(0, len(tasks), PLAN_CHUNK):
+        for start in range(unchanged - unchanged % PLAN_CHUNK, len(tasks), PLAN_CHUNK):
             chunk = [redact_urls_deep(as_json(t)) for t in tasks[start : start + PLAN_CHUNK]]  # no URL passwords
             run_dir.write_bytes(chunk_name(start // PLAN_CHUNK), _dumps(chunk).encode())
     stored["table"] = table
     run_dir.write_json(PLAN, stored)
+
+
+def chunked(plan: dict[str, Any]) -> bool:
+    """Whether a stored plan keeps its tasks in chunk files of this release's size (what store_plan's
+    `unchanged` may skip)."""
+    return "task_count" in plan and plan.get("table") is None and int(plan.get("plan_chunk", 0)) == PLAN_CHUNK
+
+
+def carried(plan: dict[str, Any]) -> dict[str, Any]:
+    """A stored plan's own keys (job, settings, code, overwrite, ...) without the ones store_plan writes
+    (version, fingerprint, task count, table): what a grown plan keeps of the stored one."""
+    return {k: v for k, v in plan.items()
+            if k not in ("version", "fingerprint", "plan_chunk", "task_count", "table", "tasks")}
 
 
 def task_count(plan: dict[str, Any]) -> int:

@@ -45,6 +45,7 @@ class RunReport:
     processed: int = 0  # input samples processed by this run (not by earlier ones)
     interrupted: bool = False
     tracebacks: list[dict[str, Any]] = field(default_factory=list)  # first of each distinct sample error
+    notes: list[str] = field(default_factory=list)  # what the run did to its plan first (job.rerun.Prepared)
 
     @property
     def ok(self) -> bool:
@@ -78,12 +79,12 @@ class RunReport:
             "failed": {str(k): v for k, v in sorted(self.failed.items())}, "stats": self.stats.to_json(),
             **({"shards": list(self.shards)} if shards else {}), "seconds": round(self.seconds, 3),
             "processed": self.processed, "interrupted": self.interrupted, "tracebacks": self.tracebacks,
-            "ok": self.ok,
+            "ok": self.ok, **({"notes": list(self.notes)} if self.notes else {}),
         }
 
     def __str__(self) -> str:
         s = self.stats
-        lines = [
+        lines = [*self.notes,
             f"run {self.run_dir}: {self.done}/{self.tasks} tasks done ({self.skipped} already done before), "
             f"{len(self.failed)} failed{', interrupted' if self.interrupted else ''}",
             f"samples: {s.samples_in} in, {s.samples_out} out, {s.dropped} dropped, {s.skipped} skipped, "
@@ -105,7 +106,8 @@ class RunReport:
 
 
 def build_report(run_dir: RunDir, task_ids: list[int] | range, results: dict[int, TaskResult], started: float,
-                 *, skipped: int, interrupted: bool = False, written: Collection[int] = frozenset()) -> RunReport:
+                 *, skipped: int, interrupted: bool = False, written: Collection[int] = frozenset(),
+                 notes: Sequence[str] = ()) -> RunReport:
     """Merge this run's results with what earlier runs finished, then save summary.json.
 
     Earlier work is read from per-chunk summaries where they exist and from markers elsewhere (one
@@ -113,9 +115,10 @@ def build_report(run_dir: RunDir, task_ids: list[int] | range, results: dict[int
     whole are written on the way, so the next report or status reads O(N / SPAN) files. Memory stays
     flat at any N: summaries are read a few at a time and kept as references (report.shards is a
     ShardEntries), and summary.json is written as a stream. `written`: the SPAN ranges whose summary
-    this run already wrote (LiveSpans), not written again.
+    this run already wrote (LiveSpans), not written again. `notes`: what the run did to its plan first
+    (job.rerun.Prepared), kept in the report and in last_run.json.
     """
-    report = RunReport(run_dir.url, len(task_ids), 0, skipped, interrupted=interrupted)
+    report = RunReport(run_dir.url, len(task_ids), 0, skipped, interrupted=interrupted, notes=list(notes))
     entries = report.shards = ShardEntries(run_dir)
     ids = task_ids if isinstance(task_ids, range) and task_ids.step == 1 else sorted(task_ids)
     contiguous = numbered_from_zero(ids)

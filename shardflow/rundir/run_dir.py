@@ -73,6 +73,11 @@ def _plan_difference(old: dict[str, Any], new: dict[str, Any]) -> str:
     return "same tasks, other job settings: " + ", ".join(changed[:5]) if changed else "other job settings"
 
 
+def _inputs(plan: dict[str, Any]) -> set[str]:
+    """The input URLs of a plan's loaded tasks (JSON): a plan whose inputs grew can be extended (job.extend)."""
+    return {url for task in plan["tasks"] for url in task["inputs"]}
+
+
 def redacted_json(obj: Any, compact: bool = False) -> str:
     """json.dumps of redact_urls_deep(obj), keys sorted. Redaction changes only strings holding "://",
     which json writes as they are: a text without one needs no redacting (a done marker's ~23 us)."""
@@ -159,6 +164,23 @@ class RunDir:
         except FileNotFoundError:
             pass
 
+    def remove_many(self, names: list[str]) -> None:
+        """remove() of each name, in order (absent ones are fine); object stores get one bulk delete
+        (s3fs: 1,000 keys a request) where the filesystem takes a list, so forgetting 10,000 tasks
+        (rundir.retry) is not 10,000 DELETEs one after another."""
+        if self._local or len(names) < 2:
+            for name in names:
+                self.remove(name)
+            return
+        if self._known is not None:
+            for name in names:
+                self._known.discard(name)
+        try:
+            self.fs.rm([self._path(n) for n in names])
+        except FileNotFoundError:  # a filesystem whose bulk delete refuses a missing name: one at a time
+            for name in names:
+                self.remove(name)
+
     def remove_if_present(self, name: str) -> None:
         """remove(name), with no request when this process's listing of the folder says it is absent."""
         if self._known is None or self._known.may_exist(name):
@@ -205,7 +227,9 @@ class RunDir:
                 plan = {**plan, "tasks": [as_json(t) for t in plan_tasks(plan)]}
                 raise JobError(
                     f"run directory {self.url} holds a different plan ({_plan_difference(old, plan)}); "
-                    "use another run_dir, or --redo (redo=True) to discard its progress and start over"
+                    "use another run_dir, " + ("--extend (extend=True) to add the new inputs as new tasks, "
+                                               if _inputs(old) < _inputs(plan) else "") +
+                    "or --redo (redo=True) to discard its progress and start over"
                 )
             self.reset()
         store_plan(self, plan, fingerprint)  # plan.json (+ plan/chunk-*.json when names follow no numbering)
@@ -233,12 +257,15 @@ class RunDir:
 
     def forget_progress(self) -> None:
         """Forget all progress (markers, failures, error logs, summaries) and keep the plan: what a redo
-        of the stored plan does (its chunk files, plan/chunk-*.json, are part of the plan, not progress)."""
-        for folder in ("done", "failed", "errors", SUMMARIES, RECORDS, RUNNING):
-            for name in self.list_names(folder):
-                self.remove(f"{folder}/{name}")
+        of the stored plan does (its chunk files, plan/chunk-*.json, are part of the plan, not progress).
+
+        What says "done" goes before the markers: `done_ids` trusts per-chunk summaries that cover the
+        plan (and status reads records), so a redo killed after the markers but before the summaries left
+        a run that read as complete while no task of it had run again."""
         self.remove(SUMMARY)
         self.remove(LAST_RUN)
+        for folder in (SUMMARIES, RECORDS, RUNNING, "done", "failed", "errors"):
+            self.remove_many([f"{folder}/{name}" for name in self.list_names(folder)])
 
     def load_plan(self) -> dict[str, Any]:
         try:

@@ -2,7 +2,9 @@
 
 `summaries/000001000-000002000.json` says tasks [1000, 2000) are done, with their merged Stats and
 their output shards in task order. A range is summarised only once every task in it is done, and
-markers are never removed except by a reset (which removes summaries too), so a summary stays true.
+markers are removed only by a reset (which removes summaries too) or by a retry of the tasks that
+dropped samples (rundir.retry, which removes every summary holding one of them first), so a summary
+stays true.
 Pods write one for their chunk when it ends with every task done; the driver and `worker --finalize`
 write one per SPAN-aligned range in build_report. Status and reports then read a few summaries
 instead of one marker per task (O(N / SPAN) reads at any N), and markers only where no summary is.
@@ -10,6 +12,7 @@ instead of one marker per task (O(N / SPAN) reads at any N), and markers only wh
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Iterable, Iterator, Sequence, Union
 
@@ -72,6 +75,19 @@ def summary_ranges(names: Iterable[str]) -> list[tuple[int, int]]:
             chosen.append((first, stop))
             cursor = stop
     return chosen
+
+
+def summaries_holding(names: Iterable[str], ids: Sequence[int]) -> list[str]:
+    """The summary names (as listed in summaries/, every one, overlapping or not) whose range holds one
+    of the sorted task `ids`: what must go before those tasks' markers do (rundir.retry)."""
+    held = []
+    for name in names:
+        found = _parse_name(name)
+        if found is not None:
+            at = bisect.bisect_left(ids, found[0])
+            if at < len(ids) and ids[at] < found[1]:
+                held.append(name)
+    return held
 
 
 def span_prefix(first: int) -> str:

@@ -71,14 +71,13 @@ class Collection:
     where: str  # "file, line N" (for messages)
 
     def view(self, sample: Sample) -> Sample:
-        """`sample` with only the chosen entries, renamed (metadata `__*` always kept)."""
+        """`sample` with only the chosen entries, renamed (metadata `__*` always kept); the renames apply at
+        once, as the (unordered) mapping says: `{a: b, b: a}` swaps; a rename into a present name replaces it."""
         if self.extensions is None and not self.rename:
             return sample
         keep = self.extensions
         out = {k: v for k, v in sample.items() if k.startswith("__") or keep is None or k in keep}
-        for old, new in self.rename:
-            if old in out:
-                out[new] = out.pop(old)
+        out.update([(new, out.pop(old)) for old, new in self.rename if old in out])  # all popped, then set
         return out
 
     def describe(self) -> dict[str, Any]:

@@ -52,6 +52,14 @@ def temp_glob(path: str) -> str:
     return f".{path.rstrip('/').rpartition('/')[2]}{TEMP_MARK}*"
 
 
+def tag_of_temp(name: str, path: str) -> str | None:
+    """The tag of `name` when it is a temp of `path` in the derived form (`temp_name(path, tag)`), else
+    None: how a sweep reads whose temp it found (the tag is its writer's), never a second naming rule."""
+    prefix = f".{path.rstrip('/').rpartition('/')[2]}{TEMP_MARK}"
+    base = name.rpartition("/")[2]
+    return (base[len(prefix):] or None) if base.startswith(prefix) else None
+
+
 def is_temp_name(name: str) -> bool:
     """True for a basename made by `temp_name`."""
     base = name.rpartition("/")[2]

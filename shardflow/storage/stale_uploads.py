@@ -4,7 +4,7 @@ A shard streamed to an object store is a multipart upload completed only by a cl
 (storage.publish.StreamingUpload): a writer killed with SIGKILL never publishes half a shard, but on
 S3 its started upload and parts stay open, billed and invisible to a normal listing, until someone
 aborts them. This is the object-store twin of the `.<name>.tmp-<tag>` temps a rerun removes by name
-on a local disk (shards.writer.remove_stale_temps), and it runs at the same moment: when a task
+on a local disk (shards.task_files.remove_stale_temps), and it runs at the same moment: when a task
 (re)starts, before it writes anything.
 
 Which uploads are dead: only those of the starting task's OWN output keys (its part 0 and its

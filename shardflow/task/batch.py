@@ -6,7 +6,11 @@ A batch never spans input shards (so never tasks); the last batch of a shard may
 may one that lost samples to read or decode errors. Outputs are written in order, so a batched job
 writes the same bytes as the same function applied sample by sample. The error policy still holds
 per sample: a batch whose fn raises is retried one sample at a time, and each sample that fails
-alone is logged with its key (one bad sample costs its batch a retry, not the task). A fatal exception
+alone is logged with its key (one bad sample costs its batch a retry, not the task). A result that
+breaks the contract as a whole (batch_values.batch_outputs' JobErrors: not a list or columns, or fewer
+outputs than inputs without `__key__`) is not retried: a batch of one would pass where the batch did
+not (a filter that forgets `__key__` would keep every sample), so it is a bug in the job and the run
+stops (kind `user`, SampleFailures.job_bug). A fatal exception
 (errors.FATAL_ERRORS: MemoryError, SystemError) is not retried: it fails the task. The global
 generators are seeded from (job seed, first key of the batch) before each call; `sample_rng(sample)`
 stays per sample, independent of batching.
@@ -14,14 +18,15 @@ stays per sample, independent of batching.
 
 from __future__ import annotations
 
+from types import GeneratorType
 from typing import Any, Callable, Iterable, Iterator
 
-from shardflow.errors import SampleError, SkipSample
+from shardflow.errors import JobError, SampleError, SkipSample
 from shardflow.rundir.stats import Stats
 from shardflow.shards.keys import Sample
 from shardflow.task.batch_values import batch_outputs, collate
 from shardflow.task.context import TaskContext
-from shardflow.task.failures import SampleFailures, fatal_error
+from shardflow.task.failures import SampleFailures, encode_stage, fatal_error
 from shardflow.task.overlap import read_ahead
 from shardflow.task.overlap import sink as make_sink
 from shardflow.task.process import SampleProcessor, output_key_problem, refused_output, reuse_raw, unchanged_values
@@ -78,7 +83,7 @@ class BatchProcessor:
         keys = [d["__key__"] for d in decoded]
         seed_globals(stable_seed(self.context.spec.seed, keys[0]))
         try:
-            pairs = batch_outputs(self.fn(collate(decoded) if self.context.spec.collate else decoded), keys)
+            result = _run_generator(self.fn(collate(decoded) if self.context.spec.collate else decoded))
         except SkipSample as skip:
             if len(batch) > 1:
                 return self._one_by_one(batch, url)
@@ -90,9 +95,13 @@ class BatchProcessor:
                 return self._one_by_one(batch, url)
             self.failures.record(exc, url, keys[0], "process")
             return []
+        try:
+            pairs = batch_outputs(result, keys)
+        except JobError as exc:  # the result as a whole breaks the contract: no one sample is at fault
+            raise self.failures.job_bug(exc, url, keys[0], f"the outputs of a batch of {len(keys)}") from exc
         raw: dict[int, tuple[str, bytes]] = {}
         for sample, value in batch:
-            raw.update(unchanged_values(sample, value))
+            raw.update(unchanged_values(sample, value, self.context.decoder))
         self.stats.dropped += len(batch) - len({source for _, source in pairs})
         return self._checked(pairs, keys, raw, url)
 
@@ -168,7 +177,7 @@ class BatchProcessor:
             try:
                 encoded = encoder(sample)
             except Exception as exc:  # noqa: BLE001 - logged by the task's thread
-                self._encode_failures.append((exc, url, key, "encode"))
+                self._encode_failures.append((exc, url, key, encode_stage(exc)))
                 continue
             try:
                 writer.write(encoded)
@@ -176,6 +185,12 @@ class BatchProcessor:
                 self._encode_failures.append((refused_output(exc, url, key), url, key, "process"))
                 continue
             self.stats.samples_out += 1
+
+
+def _run_generator(result: Any) -> Any:
+    """A generator's outputs as a list (its body, the job's own code, runs here, where the job's exceptions
+    are caught and retried per sample); any other result as it is, for batch_outputs to check."""
+    return list(result) if isinstance(result, GeneratorType) or hasattr(result, "__next__") else result
 
 
 def _try(decoder: Callable[[Sample], Sample], sample: Sample) -> Any:

@@ -72,9 +72,10 @@ def batch_outputs(result: Any, keys: Sequence[str]) -> list[tuple[Sample, int]]:
                 raise JobError(f"batched fn returned {len(rows)} samples for {len(keys)} inputs without "
                                "__key__: give every output its __key__ when it filters or makes several")
             row = {**row, "__key__": keys[position]}
-        source = index.get(row["__key__"])
+        key = row["__key__"]
+        source = index.get(key) if isinstance(key, str) else None  # a bad key is refused per output later
         if source is None:
-            source = _prefixed(row["__key__"], keys) if not same_length else position
+            source = _prefixed(key, keys) if not same_length else position
         out.append((row, source))
     return out
 

@@ -17,11 +17,14 @@ import traceback
 from collections import Counter
 from typing import Any
 
-from shardflow.errors import RAISE, WARN, FailureKind, ShardflowError, fatal_error
+from shardflow.errors import RAISE, WARN, FailureKind, JobError, ShardflowError, fatal_error
 from shardflow.rundir.stats import Stats
 from shardflow.rundir.tracebacks import TRACES_PER_DIGEST, format_trace
 from shardflow.storage.paths import is_local, local_path
 from shardflow.text import redact_userinfo, safe, safe_repr, truncate
+
+# Failures a task must have met before it is stopped mid-stream on its failure rate (check_rate).
+EARLY_ABORT_FAILURES = 10
 
 
 class TaskFailed(Exception):
@@ -45,6 +48,10 @@ class SampleFailures:
         self.errors: list[dict[str, Any]] = []
         self.traces: Counter = Counter()  # digest -> full tracebacks kept so far
         self.last_error: BaseException | None = None  # for where a repeated bug is (user_bug)
+        # the samples that failed, each once: a sample can fail more than once (each output of a 1:N fn,
+        # a split key's report and its leaving out), and the rate is of samples, not of failures
+        self._failed_keys: set[tuple[str, str]] = set()
+        self._failed_unkeyed = 0  # failures that name no key (a member before any key), each a sample
 
     def record(self, error: BaseException, url: str, key: str | None, where: str) -> None:
         """Log a failed sample; raise instead when the policy says to stop, or when the error is fatal
@@ -60,6 +67,10 @@ class SampleFailures:
                              f"not the sample; the task fails whatever on_error says and runs again on the next "
                              f"run)", kind) from error
         self.stats.failed += 1
+        if key is None:
+            self._failed_unkeyed += 1
+        else:
+            self._failed_keys.add((url, key))
         self.stats.fail_reasons[type(error).__name__] += 1
         self.note(error, url, key, where)
         self.last_error = error
@@ -73,6 +84,18 @@ class SampleFailures:
             print(f"shardflow: skipped shard {safe(redact_userinfo(url))}, key {safe_repr(key)} ({where}): "
                   f"{safe(reason, 2000)}", file=sys.stderr)
         self.check_rate()
+
+    def job_bug(self, error: BaseException, url: str, key: str | None, what: str) -> TaskFailed:
+        """The failure for a broken contract of the job's output as a whole (a batch's result, not one
+        sample's): logged in errors/ at stage `process`, and a TaskFailed of kind `user` for the caller
+        to raise, whatever on_error says: no sample is at fault, so skipping samples cannot help, and
+        the same job fails the same way on every task (the run stops). --debug raises `error` itself."""
+        if self.debug:
+            raise error
+        self.note(error, url, key, "process")
+        reason = self.errors[-1]["reason"]
+        return TaskFailed(f"shard {safe(redact_userinfo(url))}, key {safe_repr(key)}, {what}: {safe(reason, 2000)}; "
+                          "a bug in the job, not bad input: the run stops (fix it and rerun)", FailureKind.USER)
 
     def note(self, error: BaseException, url: str, key: str | None, where: str) -> None:
         """Add a line to the task's error log (errors/<task>.jsonl), without counting a failed sample."""
@@ -92,23 +115,35 @@ class SampleFailures:
         self.errors.append(record)
 
     def check_rate(self, final: bool = False) -> None:
-        """Fail the task when too many samples failed: while streaming once 10 have failed and they are
-        more than max_failure_rate of those read so far; at the end, over the whole task."""
+        """Fail the task when its failed samples are more than max_failure_rate of those it read.
+
+        Samples are counted once however often they failed (`failed_samples`). At the end (`final`)
+        the whole count is known and the rate is the rule as stated, however few failed (1 of 1 with
+        the default 0.5 fails; 4 of 8 does not). While streaming, the task is
+        stopped early only once 10 have failed: without that floor the first sample's failure (1 of 1)
+        would end a task that the rest of its samples would have kept under the rate."""
         stats, rate = self.stats, self.max_failure_rate
-        least = min(10, stats.samples_in) if final else 10
-        if stats.failed and stats.failed >= least and stats.failed > rate * stats.samples_in:
+        failed = self.failed_samples
+        least = 1 if final else EARLY_ABORT_FAILURES
+        if failed >= least and failed > rate * stats.samples_in:
             bug = user_bug(self.errors, stats, self.last_error)
             if bug is not None:  # not bad input: the same bug will fail every task, so the run stops
                 raise TaskFailed(bug, FailureKind.USER)
             # a sample can fail more than once (each output of a 1:N fn, a split key's parts): never "2 of 1"
-            counted = (f"{stats.failed} of {stats.samples_in} samples failed" if stats.failed <= stats.samples_in else
+            counted = (f"{failed} of {stats.samples_in} samples failed"
+                       if stats.failed == failed <= stats.samples_in else
                        f"{stats.failed} sample failures in {stats.samples_in} "
-                       f"sample{'' if stats.samples_in == 1 else 's'} read")
+                       f"sample{'' if stats.samples_in == 1 else 's'} read ({failed} failed)")
             raise TaskFailed(
                 f"{counted} (more than max_failure_rate={rate}); "
                 f"{self.most_common_error()}; every one is listed in errors/ in the run directory",
                 FailureKind.INPUT,
             )
+
+    @property
+    def failed_samples(self) -> int:
+        """How many samples failed, each counted once however often it failed (stats.failed counts failures)."""
+        return len(self._failed_keys) + self._failed_unkeyed
 
     def most_common_error(self) -> str:
         """'most often at decode: DecodeError (12x), e.g. key 'a/17': ...' for failure messages."""
@@ -121,6 +156,13 @@ class SampleFailures:
         first = errors[0]
         return (f"most often at {stage}: {kind} ({len(errors)}x), e.g. key {safe_repr(first['key'])}: "
                 f"{safe(first['reason'], 2000)}")
+
+
+def encode_stage(error: BaseException) -> str:
+    """The stage an encoder's failure is logged at: `process` for a JobError (an output the job made that
+    no encoder can take, as a non-str entry name: the job's bug, judged by user_bug like its other broken
+    outputs), `encode` for a value that would not encode."""
+    return "process" if isinstance(error, JobError) else "encode"
 
 
 def missing_input(url: str, error: BaseException) -> TaskFailed:
@@ -139,30 +181,43 @@ def missing_input(url: str, error: BaseException) -> TaskFailed:
 
 def user_bug(errors: list[dict[str, Any]], stats: Stats, last: BaseException | None = None) -> str | None:
     """A message when every sample read so far failed in process() with the same exception raised at the same
-    place (one traceback digest): a broken process(), fatal for the run, not bad input; else None."""
-    if not errors or stats.failed < stats.samples_in or stats.failed != len(errors):
+    place (one traceback digest): a broken process(), fatal for the run, not bad input; else None.
+
+    A sample may fail more than once (each output of a 1:N fn): the samples are counted by (shard, key),
+    so the message says "5 of 5", never "9 of 5"."""
+    if not errors or stats.failed != len(errors):
         return None
     if {e["stage"] for e in errors} != {"process"} or len({(e["type"], e["traceback"]) for e in errors}) != 1:
+        return None
+    samples = len({(e["shard"], e["key"]) for e in errors})
+    if samples < stats.samples_in:
         return None
     first = errors[0]
     explain = getattr(last, "every_sample_failed", None)  # an error that words this itself (CommandFailed)
     if callable(explain):
-        return str(explain(first, stats.failed, stats.samples_in))
-    where = _user_frame(last)
-    return (f"process() raised the same {first['type']} on every sample ({stats.failed} of {stats.samples_in})"
+        return str(explain(first, samples, stats.samples_in))
+    # a JobError shardflow raised checking fn's outputs (a key produced twice, a non-str entry name) was
+    # raised in shardflow's frames, not at the bug: no "at" then, and it says the outputs were refused
+    checked = isinstance(last, JobError)
+    where = _user_frame(last, fallback=not checked)
+    what = (f"process() raised the same {first['type']}" if where or not checked else
+            f"the outputs of process() were refused with the same {first['type']}")
+    return (f"{what} on every sample ({samples} of {stats.samples_in})"
             f"{f' at {where}' if where else ''}, e.g. shard {safe(first['shard'])}, key {first['key']!r}: "
             f"{safe(first['reason'])}; "
             "a bug in the job, not bad input: the run stops (fix it and rerun; every sample is in errors/)")
 
 
-def _user_frame(error: BaseException | None) -> str | None:
-    """'file.py, line N, in fn' of the innermost frame outside shardflow and the installed libraries."""
+def _user_frame(error: BaseException | None, fallback: bool = True) -> str | None:
+    """'file.py, line N, in fn' of the innermost frame outside shardflow and the installed libraries
+    (when there is none: with `fallback`, the innermost frame of all, as a built-in job's bug is in
+    shardflow; without it None)."""
     if error is None or error.__traceback__ is None:
         return None
     frames = traceback.extract_tb(error.__traceback__)
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../shardflow
     libraries = {sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")}
     mine = [f for f in frames if not os.path.abspath(f.filename).startswith((package + os.sep, *libraries))]
-    frame = (mine or frames)[-1] if frames else None
+    frame = (mine or (frames if fallback else []) or [None])[-1]
     return None if frame is None else f"{frame.filename}, line {frame.lineno}, in {frame.name}"
 

@@ -25,7 +25,7 @@ from shardflow.errors import JobError, SampleError, ShardflowError, SkipSample
 from shardflow.rundir.stats import Stats
 from shardflow.shards.keys import Sample, check_key
 from shardflow.task.context import TaskContext
-from shardflow.task.failures import SampleFailures
+from shardflow.task.failures import SampleFailures, encode_stage
 from shardflow.task.overlap import ENABLED as OVERLAP_ENABLED
 from shardflow.task.overlap import read_ahead
 from shardflow.task.overlap import sink as make_sink
@@ -74,7 +74,7 @@ class SampleProcessor:
         if not outputs:
             self.stats.dropped += 1
             return None
-        return outputs, unchanged_values(sample, decoded)
+        return outputs, unchanged_values(sample, decoded, self.context.decoder)
 
     def _encode_all(self, outputs: list[Sample], raw: dict[int, tuple[str, bytes]], url: str, key: str,
                     record: Callable[[BaseException, str, str, str], None] | None = None) -> list[Sample]:
@@ -90,7 +90,7 @@ class SampleProcessor:
             try:
                 encoded.append(self.context.encoder(reuse_raw(out, raw)))
             except Exception as exc:  # noqa: BLE001
-                record(exc, url, key, "encode")
+                record(exc, url, key, encode_stage(exc))
                 continue
             self.produced_by[out_key] = key
         return encoded
@@ -201,8 +201,9 @@ def output_key_problem(out_key: Any, in_key: str, produced_by: dict[str, str], u
             return SampleError(f"bad member names in the shard (input, not the job): {input_why}", url=url, key=in_key)
         return JobError(why, url=url, key=in_key)
     if out_key in produced_by:
-        return JobError(f"output key {out_key!r} produced twice (by input samples {produced_by[out_key]!r} and "
-                        f"{in_key!r})", url=url, key=in_key)
+        by = (f"by input sample {in_key!r}" if produced_by[out_key] == in_key else
+              f"by input samples {produced_by[out_key]!r} and {in_key!r}")
+        return JobError(f"output key {out_key!r} produced twice ({by})", url=url, key=in_key)
     return None
 
 
@@ -217,11 +218,21 @@ def refused_output(error: SampleError, url: str, in_key: str) -> JobError:
     return refused
 
 
-def unchanged_values(raw: Sample, decoded: Sample) -> dict[int, tuple[str, bytes]]:
-    """id(decoded value) -> (ext, original bytes), for values the job may pass through untouched."""
+def unchanged_values(raw: Sample, decoded: Sample, decoder: Any) -> dict[int, tuple[str, bytes]]:
+    """id(decoded value) -> (ext, the bytes it was decoded from), for values the job may pass through
+    untouched.
+
+    `decoder` is the one that made `decoded` from `raw`. A dataset spec's view (extensions, rename) runs
+    inside it (job/inputs.py), so a decoded name need not be the raw member of that name: after
+    `rename: {txt: json}` the decoded `json` comes from the shard's `txt`, and the shard's own `json` is
+    gone. The raw side is the raw sample seen through that same view (the decoder's `raw_view`: the one
+    rule, shards.spec.Collection.view), so reuse writes the bytes a value came FROM.
+    """
     if decoded is raw:
         return {}
-    return {id(decoded[ext]): (ext, data) for ext, data in raw.items()
+    view = getattr(decoder, "raw_view", None)
+    source = view(raw) if view is not None else raw
+    return {id(decoded[ext]): (ext, data) for ext, data in source.items()
             if not ext.startswith("__") and ext in decoded and decoded[ext] is not data}
 
 

@@ -29,7 +29,8 @@ from shardflow.errors import (
 from shardflow.rundir.records import TaskClock
 from shardflow.rundir.stats import Stats
 from shardflow.rundir.tasks import Task, TaskResult
-from shardflow.shards.writer import ShardInfo, ShardWriter, remove_parts_after, remove_stale_temps
+from shardflow.shards.task_files import existing_parts, remove_parts_after, remove_stale_temps
+from shardflow.shards.writer import ShardInfo, ShardWriter
 from shardflow.storage.counting import CountingReader
 from shardflow.storage.schemes import open_read
 from shardflow.storage.stale_uploads import abort_own_uploads
@@ -83,7 +84,6 @@ def _run(task: Task, context: TaskContext, progress: Progress | None) -> TaskRes
 
 def _attempts(task: Task, context: TaskContext, progress: Progress | None, clock: TaskClock) -> TaskResult:
     """Attempt the task, retrying I/O errors with backoff; a failure recorded in failed/."""
-    run_dir = context.run_dir
     if context.spec.debug:  # no retries, nothing caught: the user's exception reaches the caller (and pdb)
         with job_seed(context.spec.seed):
             return without_split_keys(lambda: _attempt(task, context, progress, clock),
@@ -99,21 +99,37 @@ def _attempts(task: Task, context: TaskContext, progress: Progress | None, clock
                 result = without_split_keys(lambda: _attempt(task, context, told, clock),  # noqa: B023 - called here
                                             context.options_for(task.output), counted.take_back)
         except TaskFailed as exc:
-            return run_dir.record_failure(task, str(exc), exc.kind, attempts=attempt)
+            return _record_failure(task, context, str(exc), exc.kind, attempt)
         except (ShardIOError, OSError) as exc:
             if attempt <= context.spec.io_retries:
                 counted.take_back()  # the retry reads them again: counted once ("1049/~1049" otherwise)
                 time.sleep(min(context.spec.retry_backoff * 2 ** (attempt - 1), 30.0))
                 continue
             reason = str(exc) if isinstance(exc, ShardflowError) else f"{type(exc).__name__}: {exc}"
-            return run_dir.record_failure(task, f"I/O error after {attempt} attempts: {reason}", FailureKind.IO,
-                                          attempts=attempt)
+            return _record_failure(task, context, f"I/O error after {attempt} attempts: {reason}", FailureKind.IO,
+                                   attempt)
         except Exception as exc:  # noqa: BLE001 - a bug must fail this task visibly, not kill the run
             where = traceback.format_exc(limit=-3).strip().replace("\n", " | ")
-            return run_dir.record_failure(task, f"unexpected {type(exc).__name__}: {exc} [{where}]",
-                                          FailureKind.INPUT, attempts=attempt)
+            return _record_failure(task, context, f"unexpected {type(exc).__name__}: {exc} [{where}]",
+                                   FailureKind.INPUT, attempt)
         result.attempts = attempt
         return result
+
+
+def _record_failure(task: Task, context: TaskContext, error: str, kind: str, attempt: int) -> TaskResult:
+    """The failure record, naming the task's shards that exist under final names: rollover parts it
+    committed before it failed (or an earlier run's). They are not deleted here: a second attempt of the
+    same task running elsewhere (a duplicate pod) may have committed them and be about to finish; the
+    task's next run replaces them. Without the note they were in the folder with nothing saying so."""
+    try:
+        left = existing_parts(task.part_url, context.options_for(task.output))
+    except Exception:  # noqa: BLE001 - the store that failed the task may fail this look too: the error counts
+        left = []
+    if left:
+        names = ", ".join(url.rsplit("/", 1)[-1] for url in left[:3]) + (", ..." if len(left) > 3 else "")
+        error += (f"; {len(left)} of its output shards exist ({names}), written before it failed or by an "
+                  "earlier run: not this run's output, they are replaced when the task runs again")
+    return context.run_dir.record_failure(task, error, kind, attempts=attempt)
 
 
 def _attempt(task: Task, context: TaskContext, progress: Progress | None, clock: TaskClock) -> TaskResult:

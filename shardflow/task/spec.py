@@ -32,17 +32,19 @@ Each field's metadata says its role:
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from shardflow.errors import DEFAULT_ON_ERROR_JOB, JobError, check_on_error
 from shardflow.shards.checksums import check_checksum
 from shardflow.shards.writer import MIN_MAXSIZE  # the writer's bound, checked at the setting too
 from shardflow.storage.options import redact, strip_redacted
 from shardflow.task.devices import DEVICES
+from shardflow.text import safe_repr
 
 LOCATION, SHAPE, POLICY, SECRET, FUNCTION, IDENTITY, RUNTIME = (
     "location", "shape", "policy", "secret", "function", "identity", "runtime")
@@ -76,7 +78,9 @@ class JobSpec:
     inputs_per_task: int = _setting(1, SHAPE, "input shards per task")
     run_dir: str | None = _setting(None, LOCATION, "run directory (default: _shardflow beside the outputs)")
     storage_options: dict[str, Any] | None = _setting(None, SECRET, "fsspec storage options (flat or per prefix)")
-    max_failure_rate: float = _setting(0.5, POLICY, "a task fails when more of its samples fail than this")
+    max_failure_rate: float = _setting(0.5, POLICY, "a task fails when its failed samples are more than this "
+                                       "fraction of the samples it read (judged at its end; while it runs, "
+                                       "once 10 have failed)")
     io_retries: int = _setting(3, POLICY, "retries of a task's storage errors")
     retry_backoff: float = _setting(1.0, POLICY, "seconds before the first retry (doubling)")
     retry_budget: float | None = _setting(None, POLICY, "seconds the run directory's store may stay unreachable "
@@ -104,6 +108,7 @@ class JobSpec:
                 or self.inputs_per_task < 1:
             raise JobError(f"inputs_per_task must be an integer >= 1, not {self.inputs_per_task!r}")
         _check_batching(self.batch_size, self.collate, self.device)
+        _check_decode(self.decode)
         _check_rollover(self.maxcount, self.maxsize)
         if self.checksum is not None:
             try:
@@ -121,6 +126,8 @@ class JobSpec:
         }
         for name, value in normal.items():
             object.__setattr__(self, name, value)
+        if self.encode:  # a misspelled option refused now, not as a TypeError when the first task runs
+            checked_names(self.encode, encode_options(), "encode option")
 
     # -- what derives from the fields -----------------------------------------------------------
     @classmethod
@@ -176,13 +183,22 @@ JOB_FILE_KEYS = tuple(f.name for f in dataclasses.fields(JobSpec)
                       if f.metadata["role"] not in (RUNTIME, FUNCTION) and f.name != "params")
 
 
-def checked_names(settings: Mapping[str, Any]) -> Mapping[str, Any]:
-    """`settings` when every key names a JobSpec field, else a JobError listing the valid names."""
-    unknown = sorted(set(settings) - set(SETTING_NAMES))
+def checked_names(settings: Mapping[str, Any], valid: Sequence[str] = SETTING_NAMES,
+                  what: str = "job setting") -> Mapping[str, Any]:
+    """`settings` when every key is one of `valid` (default: the JobSpec fields), else a JobError
+    listing the valid names: the one wording of a misspelled name, for settings and their options."""
+    unknown = sorted(set(settings) - set(valid), key=str)
     if unknown:
-        raise JobError(f"unknown job setting{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
-                       f"valid: {', '.join(SETTING_NAMES)}")
+        raise JobError(f"unknown {what}{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                       f"valid: {', '.join(valid)}")
     return settings
+
+
+def encode_options() -> tuple[str, ...]:
+    """The names `encode=` may hold: the Encoder's keyword arguments (it is made as Encoder(**encode))."""
+    from shardflow.codecs.encoder import Encoder  # not at import: the codecs bring numpy
+
+    return tuple(name for name in inspect.signature(Encoder).parameters)
 
 
 def setting_default(name: str) -> Any:
@@ -207,6 +223,25 @@ def _check_rollover(maxcount: Any, maxsize: Any) -> None:
                 or value < least or (name == "maxcount" and value != int(value)):
             kind = "a whole number" if name == "maxcount" else "a number of bytes"
             raise JobError(f"{name} must be {kind} >= {least} (or None: no limit), not {value!r}")
+
+
+def _check_decode(decode: Any) -> None:
+    """Refuse a decode spec no decoder takes when the job is made, naming the valid ones (the codecs'
+    own checks: codecs.gpu.gpu_spec for a `-cuda` suffix, codecs.images.check_spec), not when a task
+    makes its decoder."""
+    if decode is None:
+        return
+    from shardflow.codecs.gpu import gpu_spec  # not at import: the codecs bring numpy
+    from shardflow.codecs.images import check_spec
+
+    try:
+        base = gpu_spec(decode, stacklevel=4)  # its message names the setting
+    except ValueError as exc:
+        raise JobError(str(exc)) from None
+    try:
+        check_spec(base or decode)
+    except ValueError as exc:
+        raise JobError(f"decode={safe_repr(decode)}: {exc}") from None
 
 
 def _check_batching(batch_size: Any, collate: Any, device: Any) -> None:

@@ -357,8 +357,9 @@ def own_outputs(pairs: list[tuple[str, str]], pattern: str) -> list[str]:
 def write_shards(samples: list[PlannedSample], pattern: str, *, maxcount: int, maxsize: float,
                  storage_options: dict[str, Any] | None, jobs: int | None = None,
                  progress: Callable[[int], None] | None = None,
-                 member_limit: float = MAX_MEMBER_BYTES) -> list[ShardInfo]:
-    """Write the planned samples into shards named by `pattern` ({part} or %d: the shard index).
+                 member_limit: float = MAX_MEMBER_BYTES, temp_tag: str = "") -> list[ShardInfo]:
+    """Write the planned samples into shards named by `pattern` ({part} or %d: the shard index; `temp_tag`:
+    the temps', see storage.atomic.temp_name).
 
     Whole batches of read samples go to ShardWriter.write_batch: their members are already bytes
     in the writer's order and checked when planned, so nothing per sample is done twice."""
@@ -366,7 +367,7 @@ def write_shards(samples: list[PlannedSample], pattern: str, *, maxcount: int, m
         raise JobError(f"output {pattern!r} names one shard but {len(samples)} samples need more "
                        f"(--maxcount {maxcount}); give a pattern with {{part:06d}}")
     writer = ShardWriter(_shard_pattern(pattern), maxcount=maxcount, maxsize=maxsize,
-                         storage_options=so.options_for(pattern, storage_options))
+                         storage_options=so.options_for(pattern, storage_options), temp_tag=temp_tag)
     with writer:
         for batch in read_batches(samples, storage_options, jobs, batch=default_batch(samples),
                                   member_limit=member_limit):

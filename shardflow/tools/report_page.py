@@ -19,6 +19,7 @@ from shardflow.rundir.tracebacks import printable
 from shardflow.storage.publish import open_atomic
 from shardflow.text import safe
 from shardflow.tools import report_plots as plots
+from shardflow.tools.output_temps import remove_dead_writers_temps, writer_tag
 from shardflow.tools.report_data import collect
 from shardflow.tools.report_samples import before_after
 
@@ -230,7 +231,8 @@ def write(url: str, output: str, storage_options: dict[str, Any] | None = None, 
     else:
         data, page = build(url, storage_options, samples=samples)
         payload = page.encode()
-    out = open_atomic(output, output_options)
+    remove_dead_writers_temps([output])  # a killed earlier run's temp of this page (tools.output_temps)
+    out = open_atomic(output, output_options, tag=writer_tag())
     try:
         out.write(payload)
     except BaseException:

@@ -199,7 +199,8 @@ def outcome(report: Any) -> tuple[int, str | None]:
         return EXIT_FAILED, (f"shardflow: only {report.done} of {report.tasks} tasks are done; run the same command "
                              "again to finish")
     if report.stats.failed:
-        return EXIT_OK, f"shardflow: {report.stats.failed} samples failed and were left out; see `{status}`"
+        return EXIT_OK, (f"shardflow: {report.stats.failed} samples failed and were left out; see `{status}`; "
+                         "once the cause is fixed, rerun with --retry-failed to run their tasks again")
     return EXIT_OK, None
 
 

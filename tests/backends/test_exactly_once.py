@@ -7,7 +7,9 @@ processes, dask (the `dask_cluster` fixture: a scheduler and two worker processe
 - every sample is written exactly once, and no temp file is left;
 - a rerun after a run that stopped part way finishes the rest: the finished tasks are not redone
   and still every sample is written exactly once;
-- a bug in the job's function stops the run, and the report names the file and line that raised.
+- a bug in the job's function stops the run, and the report names the file and line that raised;
+- a worker process that dies on one sample (a native crash, an out-of-memory kill) fails that task alone,
+  naming its shard; the other tasks finish in the same run, each sample written exactly once.
 """
 
 from __future__ import annotations
@@ -94,6 +96,17 @@ class StopWhileFlagged:
         return sample
 
 
+CRASH_KEY, CRASH_TASK = "s000008", 1  # the third sample of input shard 1
+
+
+def crash_on_one_sample(sample):
+    """Ends its process on one sample, every time: like a native crash or an OOM kill on one bad image."""
+    if sample["__key__"] == CRASH_KEY:
+        os._exit(3)
+    sample["txt"] = b"ok"
+    return sample
+
+
 def broken(sample):
     return sample["no such member"]  # BUG_LINE: a user bug on every sample
 
@@ -157,4 +170,38 @@ def test_a_user_bug_stops_the_run_with_its_file_and_line(runner, tmp_path):
     error = next(iter(report.failed.values()))["error"]
     assert f"{__file__}, line {line}" in error, error
     assert report.done == 0  # no task of a broken function counts as done
+    _no_temp_files(out)
+
+
+@pytest.mark.slow  # a pool (or a cluster) replaced twice: ~5 s on processes
+def test_a_worker_that_dies_on_one_sample_fails_only_its_task(runner, tmp_path):
+    if runner.name == "serial":
+        pytest.skip("serial runs every task in the driver process: a sample that ends its process ends the run")
+    if runner.name == "slurm":
+        pytest.skip("one Slurm array task runs its chunk's tasks in one `shardflow worker` process: a crash ends the "
+                    "chunk, and the tasks after the culprit wait for the script's retries or a resubmission")
+    options = runner.options
+    if runner.name == "dask":  # the suite's cluster runs its workers without a nanny: a dead one is not replaced
+        import dask
+
+        options = {"workers": 2, "dashboard_address": ":0"}  # its LocalCluster: nannies restart dead workers
+        settings = dask.config.set({"distributed.scheduler.allowed-failures": 1})
+    else:
+        from contextlib import nullcontext
+
+        settings = nullcontext()
+        if runner.name == "ray":
+            options = {**options, "max_retries": 1}  # Ray's own retries of a task whose worker died
+    out = tmp_path / "out"
+    job = _job(tmp_path, crash_on_one_sample, io_retries=1)
+    with settings:
+        report = Runner(runner.name, options).run(job)
+    assert set(report.failed) == {CRASH_TASK}, report
+    failure = report.failed[CRASH_TASK]
+    assert failure["kind"] == FailureKind.IO and "died" in failure["error"], failure
+    assert f"in-{CRASH_TASK:06d}.tar" in failure["error"], failure  # the shard to look at
+    assert report.done == SHARDS - 1  # the tasks in flight beside it finished too, in this run
+    counts = keys_in(tars(out))
+    crashed = {f"s{i:06d}" for i in range(CRASH_TASK * PER_SHARD, (CRASH_TASK + 1) * PER_SHARD)}
+    assert set(counts) == _expected() - crashed and set(counts.values()) == {1}
     _no_temp_files(out)

@@ -27,7 +27,7 @@ from shardflow.codecs import (
     unregister_codec,
 )
 from shardflow.codecs import registry as codecs
-from shardflow.errors import DecodeError, EncodeError
+from shardflow.errors import DecodeError, EncodeError, JobError
 
 H, W = 32, 48  # not square, so HW/WH mix-ups show
 
@@ -703,3 +703,9 @@ def _npy(a: np.ndarray) -> bytes:
     buf = io.BytesIO()
     np.save(buf, a)
     return buf.getvalue()
+
+
+def test_a_non_str_entry_name_is_the_jobs_error_naming_the_entry():
+    """Not an AttributeError from deep inside (it read as bad input): a JobError naming the entry."""
+    with pytest.raises(JobError, match=r"key 'k'.*output entry name 5 is int: entry names must be str"):
+        Encoder()({"__key__": "k", "txt": b"x", 5: b"y"})

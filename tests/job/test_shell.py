@@ -156,8 +156,8 @@ def test_failure_and_timeout_are_failed_samples_with_stderr_in_errors(tmp_path):
     result = run("map", spec, "-o", tmp_path / "out" / "{name}.tar", "-c", command, "--timeout", "0.5", "-p", "4",
                  "--env", f"PIDS={tmp_path / 'pids'}", "-b", "serial", "--no-progress")
     assert time.monotonic() - started < 20
-    assert result.exit_code == 0, result.output  # tasks done, 8 samples left out: said, exit 0 as `run`
-    assert "8 samples failed and were left out" in result.output
+    assert result.exit_code == 1, result.output  # 8 of 12 is more than the default max_failure_rate: task fails
+    assert "8 of 12 samples failed (more than max_failure_rate=0.5)" in result.output
     errors = [json.loads(line) for line in
               (tmp_path / "out" / "_shardflow" / "errors" / "000000.jsonl").read_text().splitlines()]
     by_key = {e["key"]: e for e in errors}

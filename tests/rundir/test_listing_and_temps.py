@@ -19,7 +19,8 @@ from shardflow.job.shard_job import ShardJob
 from shardflow.rundir.listing import TEMP_TAG
 from shardflow.rundir.run_dir import RunDir
 from shardflow.rundir.status import read_status
-from shardflow.shards.writer import TarWriter, remove_stale_temps
+from shardflow.shards.task_files import remove_stale_temps
+from shardflow.shards.writer import TarWriter
 from shardflow.storage.atomic import is_own_temp, temp_name
 from shardflow.storage.publish import open_atomic
 from tests.support.jobs import make_shards, spec

@@ -16,7 +16,8 @@ import pytest
 from shardflow.errors import PipeError, SampleError, ShardIOError
 from shardflow.shards.samples import read_samples
 from shardflow.shards.tar_write import TarStreamWriter
-from shardflow.shards.writer import ShardInfo, ShardWriter, TarWriter, format_shard_name, remove_stale_temps
+from shardflow.shards.task_files import remove_stale_temps
+from shardflow.shards.writer import ShardInfo, ShardWriter, TarWriter, format_shard_name
 
 
 def make_samples(n: int, size=lambda i: 100 + i, prefix="s"):

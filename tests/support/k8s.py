@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from shardflow.shards.samples import read_samples
 from shardflow.shards.writer import TarWriter
+from tests.support.k8s_expansion import container_env, expand
 
 JOB_FILE = '''"""identity: copies each sample (optionally slowly, to be killed mid-task)."""
 import time
@@ -87,7 +88,8 @@ def shardflow_command() -> list[str]:
 def pod_argv(container: dict[str, Any], substitute: Callable[[str], str] = lambda s: s) -> list[str]:
     command = list(container.get("command") or ["shardflow"])
     assert command[0] == "shardflow", command
-    return shardflow_command() + [substitute(a) for a in command[1:] + list(container.get("args", []))]
+    defined = container_env(container)  # the kubelet expands $(VAR) in args (k8s_expansion.py)
+    return shardflow_command() + [expand(substitute(a), defined) for a in command[1:] + list(container.get("args", []))]
 
 
 def pod_env(container: dict[str, Any], tmp: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -96,8 +98,7 @@ def pod_env(container: dict[str, Any], tmp: Path, extra: dict[str, str] | None =
     for name in ("PYTHONPATH", "LANG", "SYSTEMROOT"):
         if name in os.environ:
             env[name] = os.environ[name]
-    for item in container.get("env", []):
-        env[item["name"]] = item["value"]
+    env.update(container_env(container))  # each value expanded as the kubelet does (k8s_expansion.py)
     if env.get("HOME") == "/tmp":  # the pod's emptyDir at /tmp: a private folder here
         env["HOME"] = str(tmp)
     env.update(extra or {})

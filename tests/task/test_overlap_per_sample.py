@@ -120,7 +120,7 @@ def test_an_overlapped_worker_killed_mid_task_leaves_no_shard_and_the_rerun_writ
 
     def run(inputs, out):
         job = sf.ShardJob(_dies_once, spec(inputs, "in", 2), str(out / "{name}.tar"), decode="rgb8",
-                          run_dir=str(out / "run"), maxcount=4)
+                          run_dir=str(out / "run"), maxcount=4, io_retries=0)  # a worker's death: no retry in the run
         return job.run("processes", workers=2, progress=False)
 
     first = run(tmp_path / "in", tmp_path / "out")

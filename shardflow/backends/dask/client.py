@@ -11,6 +11,7 @@ from shardflow.backends.dask.resources import check_resources, task_resources
 from shardflow.backends.dask.submit import DaskRun, import_distributed
 from shardflow.backends.dask.waiting import wait_for_workers
 from shardflow.backends.groups import GroupSizer
+from shardflow.backends.main_guard import check_main_guard
 from shardflow.backends.paths import absolute_run_dir, absolute_task, input_probes
 from shardflow.backends.preflight import judge_answers, worker_check
 from shardflow.errors import JobError
@@ -68,12 +69,15 @@ LOCAL_CLUSTER_CONFIG = {"distributed.scheduler.worker-saturation": 1.0, "distrib
 
 def start_local_cluster(workers: int | None, threads_per_worker: int = 1, dashboard_address: str | None = ":8787",
                         ) -> Any:
-    """A LocalCluster of `workers` processes (default one per core) with LOCAL_CLUSTER_CONFIG."""
+    """A LocalCluster of `workers` processes (default one per core) with LOCAL_CLUSTER_CONFIG. Its nannies
+    spawn them, and each imports the main script first: one without the main guard is refused here in
+    one line (backends.main_guard), not with a traceback from every nanny and "Nanny failed to start"."""
     import dask
 
     from shardflow.backends.local import default_workers
 
     distributed = import_distributed()
+    check_main_guard("dask backend's LocalCluster")
     with dask.config.set(LOCAL_CLUSTER_CONFIG):
         return distributed.LocalCluster(
             n_workers=workers or default_workers(), threads_per_worker=threads_per_worker, processes=True,

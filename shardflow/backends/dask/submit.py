@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from shardflow.backends.dask.on_worker import run_on_worker
+from shardflow.backends.dead_workers import inputs_text, remove_dead_temps
 from shardflow.backends.groups import GroupSizer, take_group
 from shardflow.backends.wire import dumps_job, missing_module_message
 from shardflow.errors import FailureKind, JobError
@@ -194,10 +195,13 @@ class DaskRun:
                 self.alone.update(call.pending)
                 self.remaining.extend(reversed(list(call.pending.values())))
                 return []
+            for task in call.pending.values():
+                remove_dead_temps(self.job, task)
             return self._failed(call, FailureKind.IO, (
                 f"the workers holding this task died {exc.allowed_failures + 1} times (killed, out of memory or "
                 f"lost; distributed.scheduler.allowed-failures={exc.allowed_failures}), last "
-                f"{getattr(exc.last_worker, 'address', exc.last_worker)}; a rerun retries it"))
+                f"{getattr(exc.last_worker, 'address', exc.last_worker)}; input "
+                f"{', '.join(inputs_text(t) for t in call.pending.values())}; a rerun retries it"))
         except (_FuturesCancelledError, distributed.client.FutureCancelledError) as exc:
             if self.client.status != "running" or getattr(exc, "reason", "") == "scheduler-connection-lost":
                 raise _lost(self.scheduler, finished, self._tasks_running() + len(call.pending), self.job) from None

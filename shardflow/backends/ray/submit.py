@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
+from shardflow.backends.dead_workers import inputs_text, remove_dead_temps
 from shardflow.backends.groups import GroupSizer, take_group
 from shardflow.backends.ray.on_worker import TransientFailure, run_on_ray
 from shardflow.backends.ray.resources import slots
@@ -155,9 +156,12 @@ class RayRun:
                 self.alone.update(t.id for t in unfinished)
                 self.remaining.extend(reversed(unfinished))
                 return
+            for task in call.tasks:
+                remove_dead_temps(self.job, task)
             yield from self._failed(call.tasks, FailureKind.IO, (
                 f"the Ray workers running this task died {self.options.get('max_retries', 0) + 1} times (killed, out "
-                f"of memory, or their node lost): {type(exc).__name__}: {_last_line(exc)}; a rerun retries it"))
+                f"of memory, or their node lost): {type(exc).__name__}: {_last_line(exc)}; input "
+                f"{', '.join(inputs_text(t) for t in call.tasks)}; a rerun retries it"))
             return
         for payload, seconds in value:
             yield from self._report(payload, seconds)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardflow.cluster.manifests.common import MAX_FANOUT, ClusterOptions, dump, from_job
 from shardflow.errors import JobError
+from shardflow.job.rerun import Rerun
 
 if TYPE_CHECKING:
     from shardflow.job.shard_job import ShardJob
@@ -57,4 +58,4 @@ def render(job: "ShardJob", kind: str, image: str, *, prepare: bool = True, forc
     """YAML of a `kind` manifest for `job` (writing its plan to the run directory first with `prepare`)."""
     if kind not in KINDS:
         raise JobError(f"unknown manifest kind {kind!r}; choose one of {', '.join(KINDS)}")
-    return render_options(from_job(job, image, prepare=prepare, force=force, **options), kind)
+    return render_options(from_job(job, image, prepare=prepare, rerun=Rerun.of(force=force), **options), kind)

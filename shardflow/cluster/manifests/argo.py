@@ -25,6 +25,8 @@ from shardflow.cluster.manifests.common import (
     volumes,
     worker_args,
 )
+from shardflow.errors import JobError
+from shardflow.text import redact_userinfo, safe_repr
 
 KIND = "argo"
 
@@ -32,6 +34,8 @@ KIND = "argo"
 RETRY_EXPRESSION = (f"lastRetry.status == 'Error' || "
                     f"!(asInt(lastRetry.exitCode) in [{EXIT_BAD_INPUT}, {EXIT_STOP}])")
 FINALIZE_RETRY_EXPRESSION = f"lastRetry.status == 'Error' || asInt(lastRetry.exitCode) == {EXIT_RETRY}"
+# the Workflow's own Argo variables: the only strings of it that may hold `{{` (check_no_braces)
+ITEM, INDEX = "{{item}}", "{{inputs.parameters.index}}"
 
 
 def retry_strategy(limit: int, expression: str, max_duration: str | None = None) -> dict[str, Any]:
@@ -84,7 +88,7 @@ def workflow_manifest(opts: ClusterOptions) -> dict[str, Any]:
                 [{
                     "name": "chunks",
                     "template": "chunk",
-                    "arguments": {"parameters": [{"name": "index", "value": "{{item}}"}]},
+                    "arguments": {"parameters": [{"name": "index", "value": ITEM}]},
                     "withSequence": {"count": str(count)},
                     # a failed item (exit code) or an errored one (pod evicted, deleted, node lost) must not
                     # stop the step group: the summary step still runs and tells what failed
@@ -97,7 +101,7 @@ def workflow_manifest(opts: ClusterOptions) -> dict[str, Any]:
             "name": "chunk",
             "inputs": {"parameters": [{"name": "index"}]},
             "retryStrategy": retry_strategy(opts.retries, RETRY_EXPRESSION, opts.retry_max_duration),
-            "container": container(opts, [*worker, "--index", "{{inputs.parameters.index}}"]),
+            "container": container(opts, [*worker, "--index", INDEX]),
         },
         {
             "name": "finalize",
@@ -105,4 +109,25 @@ def workflow_manifest(opts: ClusterOptions) -> dict[str, Any]:
             "container": finalize_container(opts),
         },
     ]
-    return {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": metadata, "spec": spec}
+    workflow = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": metadata, "spec": spec}
+    check_no_braces(workflow)
+    return workflow
+
+
+def check_no_braces(node: Any) -> None:
+    """Refuse a Workflow in which a string of the user's (a run directory, a storage option, an env
+    value, an annotation) holds `{{`.
+
+    Argo reads `{{...}}` in a Workflow as a variable: a name it knows is replaced (`{{workflow.name}}`),
+    any other fails the Workflow ("failed to resolve"), a `{{` with no `}}` too, and it has no escape for
+    it (argo-workflows#8253, #2430). `$` needs none here: container() writes Kubernetes' escape."""
+    if isinstance(node, dict):
+        for value in node.values():
+            check_no_braces(value)
+    elif isinstance(node, list):
+        for value in node:
+            check_no_braces(value)
+    elif isinstance(node, str) and "{{" in node and node not in (ITEM, INDEX):
+        raise JobError(f"{safe_repr(redact_userinfo(node))} holds '{{{{', which Argo Workflows reads as a template "
+                       "variable and cannot escape: choose a path (or value) without it, or run a Kubernetes Job "
+                       "(shardflow k8s)")

@@ -19,6 +19,7 @@ from shardflow.cluster.contract import EXIT_BAD_INPUT, EXIT_RETRY, EXIT_STOP, ch
 from shardflow.cluster.manifests import extras
 from shardflow.cluster.prepare import prepare_run_dir
 from shardflow.errors import JobError
+from shardflow.job.rerun import Rerun
 from shardflow.storage import options as so
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ AUTO_INDEXES = {"kubernetes": 10_000, "argo": 2_000}  # auto --tasks-per-pod kee
 # ~9,500 items) and node ids (FNV hashes of names) collide at ~100k; the chunk size is raised instead.
 MAX_FANOUT = {"argo": 2_000}
 _DNS_LABEL = re.compile(r"[^a-z0-9-]+")
+_EXPANDED = re.compile(r"\$(?=[$(])")  # a `$` the kubelet would read as part of `$$` or `$(` (literal)
 
 __all__ = ["ClusterOptions", "EXIT_BAD_INPUT", "EXIT_RETRY", "EXIT_STOP", "dump", "from_job"]
 
@@ -164,7 +166,21 @@ def storage_args(opts: ClusterOptions) -> list[str]:
     return [arg for item in opts.storage_options for arg in ("--storage-option", item)]
 
 
+def literal(text: str) -> str:
+    """`text` written so that Kubernetes hands it to the container as it is.
+
+    The kubelet expands `$(VAR)` in a container's command, args and env values when VAR is in the
+    container's environment (every pod here has HOME; --env, --secret keys), reads `$$` as one `$`
+    wherever it stands ("$$(VAR)" is the documented escape), and leaves any other `$` as it is (k8s
+    third_party/forked/golang/expansion). So a `$` before `$` or `(` is doubled and the rest kept (a
+    `${VAR}` storage option stays readable): an output folder `o$(HOME)` stays that folder, never
+    `o/tmp`, and `a$$b` stays `a$$b`. The one place both manifests' containers get their strings."""
+    return _EXPANDED.sub("$$", text)
+
+
 def container(opts: ClusterOptions, args: list[str]) -> dict[str, Any]:
+    """The worker container of both manifests: `shardflow ARGS`, its env, resources and mounts; every
+    arg and env value passed literally (`literal`: no `$(VAR)` expansion by Kubernetes)."""
     env = [{"name": "HOME", "value": "/tmp"}, {"name": "PYTHONUNBUFFERED", "value": "1"}]
     env += extras.thread_env(opts)
     env += [{"name": k, "value": str(v)} for k, v in sorted(opts.env.items())]
@@ -173,8 +189,8 @@ def container(opts: ClusterOptions, args: list[str]) -> dict[str, Any]:
         "image": opts.image,
         "imagePullPolicy": "IfNotPresent",
         "command": ["shardflow"],
-        "args": args,
-        "env": env,
+        "args": [literal(arg) for arg in args],
+        "env": [{**item, "value": literal(item["value"])} for item in env],
     }
     if opts.secrets:
         spec["envFrom"] = [{"secretRef": {"name": s}} for s in opts.secrets]
@@ -268,7 +284,7 @@ def _option_text(value: Any) -> str:
     return json.dumps(value)
 
 
-def from_job(job: "ShardJob", image: str, *, prepare: bool = True, force: bool = False,
+def from_job(job: "ShardJob", image: str, *, prepare: bool = True, rerun: Rerun = Rerun(),
              **options: Any) -> ClusterOptions:
     """ClusterOptions for `job`; with `prepare`, the plan and job.pkl are written to its run dir first.
 
@@ -277,7 +293,7 @@ def from_job(job: "ShardJob", image: str, *, prepare: bool = True, force: bool =
     """
     extras.check_run_dir(job.run_dir, options.get("pvcs", ()))
     if prepare:
-        prepare_run_dir(job, force=force)  # storage trouble: one line naming the way out (--no-prepare)
+        prepare_run_dir(job, rerun)  # storage trouble: one line naming the way out (--no-prepare)
     tasks = job.task_count()  # without prepare, 1M tasks are counted, not built
     options.setdefault("name", f"shardflow-{job.name}")
     options.setdefault("fingerprint", extras.run_fingerprint(job))

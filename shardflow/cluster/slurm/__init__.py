@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardflow.cluster.slurm.options import SlurmOptions, from_job
 from shardflow.cluster.slurm.script import render
+from shardflow.job.rerun import Rerun
 
 if TYPE_CHECKING:
     from shardflow.job.shard_job import ShardJob
@@ -30,4 +31,4 @@ def render_job(job: "ShardJob", kind: str = "slurm", image: str | None = None, *
     """
     if image is not None:
         options.setdefault("container", image)
-    return render(from_job(job, prepare=prepare, force=force, shared_fs=shared_fs, **options))
+    return render(from_job(job, prepare=prepare, rerun=Rerun.of(force=force), shared_fs=shared_fs, **options))

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from shardflow.cluster.contract import chunk_count
 from shardflow.cluster.prepare import prepare_run_dir
 from shardflow.errors import JobError
+from shardflow.job.rerun import Rerun
 from shardflow.storage.paths import is_local, local_path
 
 if TYPE_CHECKING:
@@ -164,7 +165,7 @@ def check_shared(url: str, what: str, shared_fs: bool) -> None:
                        "--shared-fs (shared_fs=True) when it is one")
 
 
-def from_job(job: "ShardJob", *, prepare: bool = True, force: bool = False, shared_fs: bool = False,
+def from_job(job: "ShardJob", *, prepare: bool = True, rerun: Rerun = Rerun(), shared_fs: bool = False,
              **options: Any) -> SlurmOptions:
     """SlurmOptions for `job`; with `prepare`, the plan and job.pkl are written to its run dir first.
 
@@ -178,7 +179,7 @@ def from_job(job: "ShardJob", *, prepare: bool = True, force: bool = False, shar
     if isinstance(first_output, str):
         check_shared(first_output, "output", shared_fs)
     if prepare:
-        prepare_run_dir(job, force=force)
+        prepare_run_dir(job, rerun)
     options.setdefault("name", job_name(f"shardflow-{job.name}"))
     if "storage_options" not in options:
         options["storage_options"] = worker_storage_options(job, job.run_dir, warn=False)  # secrets: env
