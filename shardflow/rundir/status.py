@@ -120,6 +120,8 @@ class RunStatus:
                 lines.append(f"last run ended: {lr.get('done')}/{lr.get('tasks')} tasks done ({before} of them "
                              f"before it), {lr.get('processed')} samples processed in {lr.get('seconds')} s"
                              f"{', interrupted' if lr.get('interrupted') else ''}")
+            notes = lr.get("notes")
+            lines.extend(f"  {safe(note)}" for note in (notes if isinstance(notes, list) else []))  # --extend, ...
         lines.extend(describe_traces(self.tracebacks, total=self.distinct_errors))
         return printable("\n".join(lines))
 

@@ -136,6 +136,8 @@ def test_the_cli_says_what_extend_added(tmp_path):
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.stderr
     assert "--extend: 2 new tasks (tasks 2..3) after the 2 stored" in result.stdout  # the report's first line
+    status = CliRunner().invoke(main, ["status", str(tmp_path / "out" / "_shardflow")])
+    assert "  --extend: 2 new tasks (tasks 2..3) after the 2 stored" in status.output  # what the last run did
     assert "4/4 tasks done (2 already done before)" in result.stdout
 
 
