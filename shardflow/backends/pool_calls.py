@@ -34,10 +34,10 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from shardflow.backends.dead_workers import inputs_text, record_worker_deaths
 from shardflow.backends.groups import GroupSizer
 from shardflow.backends.main_guard import startup_hint
 from shardflow.errors import FailureKind
+from shardflow.job.dead_workers import WORKER_DIED, record_worker_deaths, worker_died_error
 from shardflow.rundir.beats import parse_beat
 from shardflow.rundir.layout import RUNNING, failed_file
 from shardflow.rundir.records import parse_running
@@ -46,7 +46,6 @@ from shardflow.rundir.tasks import Task, TaskResult
 if TYPE_CHECKING:
     from shardflow.job.shard_job import ShardJob
 
-WORKER_DIED = "its worker process died"  # how a failure recorded by _failed starts (killed_its_worker reads it)
 TakeGroup = Callable[[list[Task], int, "set[int] | frozenset[int]"], list[Task]]
 
 
@@ -214,12 +213,9 @@ class PoolCalls:
 
     def _failed(self, task: Task, count: int, death: _Death) -> TaskResult:
         """The task whose workers died `count` times under it: failed (kind io: a rerun retries it), recorded,
-        its temps removed (backends.dead_workers)."""
+        its temps removed (job.dead_workers)."""
         samples = self._samples_read(death.entry)
-        error = (f"{WORKER_DIED} while running it ({_how(death.exitcode)}"
-                 f"{f', after {samples} samples' if samples else ''}; input {inputs_text(task)}), "
-                 f"{count} time{'s' if count > 1 else ''} (io_retries={self.job.spec.io_retries}): a native crash "
-                 "or the memory limit on one of its samples? A rerun retries it")
+        error = worker_died_error(task, count, self.job.spec.io_retries, _how(death.exitcode), samples)
         return record_worker_deaths(self.job, task, error, count)
 
     def _samples_read(self, entry: str) -> int:

@@ -148,8 +148,9 @@ def _cluster_options(fn):
         click.option("--secret-file", "secret_files", multiple=True, metavar="NAME:PATH",
                      help="mount Secret NAME read-only as files under PATH (GCS key files, ...); repeatable"),
         click.option("--pvc", multiple=True, metavar="CLAIM:PATH", help="mount a PersistentVolumeClaim"),
-        click.option("--retries", type=click.IntRange(min=0), default=3, show_default=True,
-                     help="retries per index (transient failures)"),
+        click.option("--retries", type=click.IntRange(min=0), default=None,
+                     help="retries per index (transient failures) [default: the job's io_retries + 1, so that a "
+                     "task that kills its pod is recorded failed, naming its shard]"),
         click.option("--ttl", type=click.IntRange(min=0), default=86400, show_default=True,
                      help="seconds a finished run's objects are kept"),
         click.option("--deadline", type=click.IntRange(min=1), default=None, help="activeDeadlineSeconds"),

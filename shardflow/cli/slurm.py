@@ -74,8 +74,9 @@ def _pairs(items: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
 @click.option("--command", "worker_command", default="shardflow", show_default=True,
               help="how a node starts shardflow (e.g. '/shared/venv/bin/python -m shardflow')")
 @click.option("--log-dir", metavar="DIR", help="folder of the array tasks' logs [default: the submit directory]")
-@click.option("--retries", type=click.IntRange(min=0), default=3, show_default=True,
-              help="retries per array task of transient failures (exit 75, a killed worker)")
+@click.option("--retries", type=click.IntRange(min=0), default=None,
+              help="retries per array task of transient failures (exit 75, a killed worker) [default: the job's "
+              "io_retries + 1, so that a task that kills its process is recorded failed, naming its shard]")
 @click.option("--signal-seconds", type=click.IntRange(min=0), default=90, show_default=True,
               help="Slurm sends USR1 this long before the time limit: the worker stops cleanly and requeues (0: no)")
 @click.option("--env", multiple=True, metavar="NAME=VALUE", help="variable exported by the script (no secrets)")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from shardflow.errors import RAISE, FailureKind
+from shardflow.task.spec import setting_default
 
 EXIT_OK = 0  # every task of the chunk is done (now or by an earlier attempt)
 EXIT_BAD_INPUT = 65  # EX_DATAERR: a task failed on its input (bad shard, broken fn); retrying gives the same
@@ -31,6 +32,18 @@ SLURM_INDEX_ENV = "SLURM_ARRAY_TASK_ID"  # set by Slurm in each task of a job ar
 # a node draining), SIGINT, and SIGUSR1, the warning Slurm sends before a time limit or preemption
 # (`sbatch --signal=B:USR1@90`, passed on by the script), after which the array task requeues itself.
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1")
+
+
+def index_retries(io_retries: int) -> int:
+    """Retries of one index (Kubernetes backoffLimitPerIndex, Argo retryStrategy.limit, the Slurm script's
+    RETRIES) when none is given: one more than the job's io_retries. A task that kills its pod's process
+    (a native crash, the memory limit) is run again until it has killed io_retries + 1 of them, and the
+    attempt after that records it failed without running it (cluster.dead_attempts); with fewer retries
+    the index gave up first, with nothing in failed/ to say which task or shard."""
+    return io_retries + 1
+
+
+DEFAULT_INDEX_RETRIES = index_retries(setting_default("io_retries"))  # a job with the default io_retries
 
 
 class WorkerExit(Exception):

@@ -3,6 +3,8 @@
 A chunk is a fixed slice of task ids: index I with K tasks per index runs tasks [I*K, (I+1)*K) of the
 plan in the run directory, through the same `run_task` every backend uses, with the job unpickled
 from the run directory. Tasks already marked done are skipped, so rerunning an index is always safe.
+A task that killed an earlier process of the chunk (a native crash on one of its samples) runs after
+the others, and fails instead of running once it did so more than io_retries times (cluster.dead_attempts).
 
 The exit status tells the orchestrator what to do next (Kubernetes podFailurePolicy, Argo
 retryStrategy); see `EXIT_CODES` and docs/kubernetes.md.
@@ -29,6 +31,7 @@ from shardflow.cluster.contract import (
     chunk_of,
     exit_code,
 )
+from shardflow.cluster.dead_attempts import DeadAttempts
 from shardflow.cluster.heartbeat import ChunkHeartbeat
 from shardflow.errors import JobError, RunStateError
 from shardflow.rundir.layout import failed_file
@@ -153,11 +156,16 @@ def _run_chunk(url: str, index: int, tasks_per_index: int, storage_options: dict
         limit_threads()
     results: list[TaskResult] = []
     beat = ChunkHeartbeat(index, len(chunk.task_ids), _log, out)
-    for task in run_dir.load_tasks(plan, chunk.task_ids):  # only this chunk's part of the plan is read
+    dead = DeadAttempts(job, chunk.task_ids)  # tasks that killed an earlier process of this chunk: last
+    try:
+        dead.scan()
+    except Exception as exc:  # noqa: BLE001 - the run directory's listings failed: worth a retry
+        raise WorkerExit(EXIT_RETRY, f"reading running/ and records/: {type(exc).__name__}: {exc}") from exc
+    for task in dead.order(run_dir.load_tasks(plan, chunk.task_ids)):  # only this chunk's part of the plan
         beat.start_task(task.id)
         try:
             # records task failures itself; what escapes is run-dir trouble
-            result = run_task(task, job, progress=beat)
+            result = dead.verdict(task) or run_task(task, job, progress=beat)
         except RunStateError:  # an unreadable file of it (a done marker): named, exit 78, not retried
             raise
         except Exception as exc:  # noqa: BLE001 - the run directory went away mid-chunk
@@ -177,7 +185,8 @@ def _run_chunk(url: str, index: int, tasks_per_index: int, storage_options: dict
     if done == len(chunk.task_ids):  # the whole chunk is done: status and finalize read one file for it
         with contextlib.suppress(Exception):  # best effort: without it they read the chunk's markers
             job_dir = job.rundir()
-            write_block(job_dir, block_of(chunk.first, chunk.stop, ((r.stats, r.outputs) for r in results)))
+            in_order = sorted(results, key=lambda r: r.task_id)  # suspects ran last (cluster.dead_attempts)
+            write_block(job_dir, block_of(chunk.first, chunk.stop, ((r.stats, r.outputs) for r in in_order)))
             if chunk.stop - chunk.first < SPAN:  # the pod completing a SPAN range merges its pods' summaries
                 merge_span(job_dir, chunk.first, tasks)
     _log(out, f"index {index}: {done}/{len(chunk.task_ids)} tasks done in {time.perf_counter() - started:.1f} s "

@@ -8,6 +8,7 @@ what that consumer's epoch holds.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Sequence
@@ -29,6 +30,14 @@ class EpochPlan:
     @property
     def resampled(self) -> bool:
         return self.assignment is None
+
+    def refill_plan(self) -> EpochPlan | None:
+        """What a refill pass reads after the consumer's own part again: the rest of the epoch
+        (Assignment.refill; stream.EpochStream); None when there is none."""
+        a = self.assignment
+        if a is None or not a.refill:
+            return None
+        return dataclasses.replace(self, assignment=dataclasses.replace(a, segments=a.refill))
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,14 @@ collection's size covers every sample over consecutive epochs before repeating);
 sub-range its slice needs. With counts unknown a worker cycles through its round-robin share of the
 shards of each collection until its slice is served.
 
+Refill. A consumer whose samples go missing (map= returns None, a damaged shard) still yields its
+whole slice, as on the plain path (stream.EpochStream's passes): a refill pass reads its mixed
+sequence again, then the rest of the epoch of every collection (split.rest_of_pass: the rest of the
+pass its window starts in; counts unknown: the other consumers' round-robin units, split.round_robin),
+the next collection drawn by weight among those not exhausted, until the quota is full. So under
+quotas every rank yields len(ds) batches; the samples that fill in are read twice in that epoch, and
+they change the epoch's exact mix (they come from whatever collections have samples left).
+
 Resume. A consumer's mixed sequence is a function of (seed, epoch, rank, worker, workers, spec) and
 it is the raw stream that the state dict counts, so resuming replays the mixer exactly; the spec's
 collections, weights and quotas are part of the state's fingerprint.
@@ -42,11 +50,12 @@ from shardflow.reader.shard_source import ShardSource
 from shardflow.reader.split import (
     Consumer,
     Segment,
-    assign,
     batch_count,
     mix,
     pass_segments,
+    rest_of_pass,
     rng_for,
+    round_robin,
     worker_part,
 )
 from shardflow.reader.state import ErrorCount, fingerprint
@@ -90,11 +99,19 @@ class MixPlan:
     quota: int | None
     labels: Any  # numpy array of collection numbers, in delivery order (None: weighted draws)
     parts: tuple[PartPlan, ...]
+    rest: tuple[PartPlan, ...] = ()  # each collection's rest of the epoch: what a refill reads next
     assignment: None = None
 
     @property
     def resampled(self) -> bool:
-        return True  # one pass: the mixer itself serves the whole quota (repeats included)
+        return False  # a quota short after one pass (samples dropped) is refilled (stream.EpochStream)
+
+    def refill_plan(self) -> MixPlan | None:
+        """What a refill pass reads after this plan again: the rest of every collection's epoch, mixed
+        by weight (no labels); None when nothing is left beyond the consumer's own samples."""
+        if not any(part.segments for part in self.rest):
+            return None
+        return MixPlan(self.consumer, self.epoch, None, None, self.rest)
 
 
 @dataclass(frozen=True)
@@ -185,7 +202,7 @@ class DatasetMix:
         """What consumer `plan` (the split) reads in `epoch`; `actual` seeds the shuffle buffer."""
         quotas = self.quotas(settings, epoch)
         if quotas is None:
-            parts = tuple(PartPlan(self._round_robin(i, settings, plan, epoch), None, False)
+            parts = tuple(PartPlan(self._round_robin(i, settings, plan, epoch)[0], None, False)
                           for i in range(len(self.collections)))
             return MixPlan(actual, epoch, None, None, parts)
         per_rank = [q // plan.world for q in quotas]
@@ -195,22 +212,26 @@ class DatasetMix:
         a, b = worker_part(len(labels), plan.workers, plan.worker, settings.batch_size, settings.partial)
         before = np.bincount(labels[:a], minlength=len(per_rank))
         mine = np.bincount(labels[a:b], minlength=len(per_rank))
-        parts = []
+        parts, rest = [], []
         for i, m in enumerate(self.manifests):
             take = int(mine[i])
             if m.counts is not None:  # this epoch's window of the collection's passes (split.pass_segments)
                 start = (epoch * plan.world + plan.rank) * per_rank[i] + int(before[i])
-                segments = pass_segments(start, start + take, m.counts, mix(settings.seed, i),
-                                         settings.shardshuffle) if take else []
+                seed = mix(settings.seed, i)
+                segments = pass_segments(start, start + take, m.counts, seed, settings.shardshuffle) if take else []
                 parts.append(PartPlan(tuple(segments), take, False))
+                rest.append(tuple(rest_of_pass(start, start + take, m.counts, seed, settings.shardshuffle)))
             else:
-                parts.append(PartPlan(self._round_robin(i, settings, plan, epoch), take, True))
-        return MixPlan(actual, epoch, b - a, labels[a:b], tuple(parts))
+                units, others = self._round_robin(i, settings, plan, epoch)
+                parts.append(PartPlan(units, take, True))
+                rest.append(others)
+        return MixPlan(actual, epoch, b - a, labels[a:b], tuple(parts),
+                       tuple(PartPlan(segments, None, False) for segments in rest) if b > a else ())
 
-    def _round_robin(self, i: int, settings: ReaderSettings, plan: Consumer, epoch: int) -> tuple[Segment, ...]:
-        urls = self.collections[i].urls
-        return assign(len(urls), plan, counts=None, seed=mix(settings.seed, i), epoch=epoch,
-                      shardshuffle=settings.shardshuffle).segments
+    def _round_robin(self, i: int, settings: ReaderSettings, plan: Consumer,
+                     epoch: int) -> tuple[tuple[Segment, ...], tuple[Segment, ...]]:
+        """(the consumer's units of collection i, the other consumers' units): split.round_robin."""
+        return round_robin(len(self.collections[i].urls), plan, mix(settings.seed, i), epoch, settings.shardshuffle)
 
     def source(self, settings: ReaderSettings, cache: Callable[[], ShardCache], locator: Locator | None) -> MixSource:
         sources = tuple(ShardSource(list(c.urls), settings, m, cache, locator=locator,
@@ -264,7 +285,8 @@ class MixSource:
                 sample = next(streams[label], None)
                 if sample is None:
                     c = self.mix.collections[label]
-                    warn_once(f"collection {c.name!r} ({c.where}) ran out of samples: it yields fewer than its quota")
+                    warn_once(f"collection {c.name!r} ({c.where}) ran out of samples before its quota (a damaged "
+                              "or short shard): the rest of the epoch makes up the count")
                     continue
                 yield views[label](sample)
         finally:

@@ -206,6 +206,32 @@ def pass_segments(lo: int, hi: int, counts: Sequence[int], seed: int, shardshuff
     return segments
 
 
+def rest_of_pass(lo: int, hi: int, counts: Sequence[int], seed: int, shardshuffle: bool) -> list[Segment]:
+    """What a refill reads after the window [lo, hi) of pass_segments' sequence: the rest of the pass
+    that `lo` falls in, from `hi` round to `lo`, in that pass's shard order (the window and its rest
+    hold every sample once). Empty when the window covers a whole pass."""
+    total = sum(counts)
+    if total == 0:
+        return []
+    order = shard_order(len(counts), seed, lo // total, shardshuffle)
+    return _ranges_to_segments(hi, lo + total, order, counts)
+
+
+def round_robin(nshards: int, consumer: Consumer, seed: int, epoch: int,
+                shardshuffle: bool) -> tuple[tuple[Segment, ...], tuple[Segment, ...]]:
+    """(the consumer's units, the other consumers' units) when counts are unknown: shards dealt to
+    consumers round-robin (each read by k = ceil(consumers / shards) of them, every k-th sample); the
+    others' units, in round-robin order from the one after the consumer's first, are its refill."""
+    order = shard_order(nshards, seed, epoch, shardshuffle)
+    n_consumers = consumer.count
+    k = max(1, -(-n_consumers // nshards))
+    units = [Segment(s, 0, None, k, j) for j in range(k) for s in order]
+    at = consumer.index
+    others = tuple(units[(at + j) % len(units)] for j in range(1, len(units))
+                   if (at + j) % len(units) % n_consumers != at)
+    return tuple(units[at::n_consumers]), others
+
+
 def assign(
     nshards: int,
     consumer: Consumer,
@@ -235,10 +261,8 @@ def assign(
         else:  # epochs tile an endless sequence of passes: every sample once before any repeats
             base = (epoch * consumer.world + consumer.rank) * length
             segments = pass_segments(base + a, base + b, counts, seed, shardshuffle) if b > a else []
-            if b > a and total > 0:  # the rest of the pass this part starts in, in that pass's order
-                n = (base + a) // total
-                refill = _ranges_to_segments(base + b, base + a + total,
-                                             shard_order(nshards, seed, n, shardshuffle), counts)
+            if b > a:  # the rest of the pass this part starts in, in that pass's order
+                refill = rest_of_pass(base + a, base + b, counts, seed, shardshuffle)
         return Assignment(tuple(segments), b - a if fixed else None, b - a, nonempty < consumer.count,
                           tuple(refill))
     if equalize is not None and epoch_size is None:
@@ -246,21 +270,15 @@ def assign(
             "equalize= needs known sample counts: pass manifest= (a job's run directory or its "
             "summary.json) or epoch_size="
         )
-    n_consumers = consumer.count
-    k = max(1, -(-n_consumers // nshards))
-    units = [Segment(s, 0, None, k, j) for j in range(k) for s in order]
-    mine = tuple(units[consumer.index :: n_consumers])
+    mine, others = round_robin(nshards, consumer, seed, epoch, shardshuffle)
     quota = None
     refill: tuple[Segment, ...] = ()
     if epoch_size is not None:
         per_rank = rank_quota(consumer.world, equalize, epoch_size)
         a, b = worker_part(per_rank, consumer.workers, consumer.worker, batch_size, partial)
         quota = b - a
-        # the other consumers' units, in round-robin order from the one after this consumer's first
-        at = consumer.index
-        refill = tuple(units[(at + j) % len(units)] for j in range(1, len(units))
-                       if (at + j) % len(units) % n_consumers != at)
-    return Assignment(mine, quota, quota, k > 1, refill)
+        refill = others
+    return Assignment(mine, quota, quota, nshards < consumer.count, refill)
 
 
 def rank_length(
@@ -299,5 +317,5 @@ def resampled_shards(nshards: int, counts: Sequence[int] | None, rng: random.Ran
 
 __all__ = [
     "Assignment", "Consumer", "Segment", "assign", "batch_count", "mix", "pass_segments", "rank_length", "rank_range",
-    "resampled_shards", "rng_for", "shard_order", "worker_part",
+    "resampled_shards", "rest_of_pass", "rng_for", "round_robin", "shard_order", "worker_part",
 ]

@@ -3,7 +3,8 @@
     passes (segments -> read -> shuffle) -> skip -> prepare -> batch
 
 Raw samples are shuffled, so the buffer holds compressed bytes, and skipping (resume) never decodes.
-A fixed quota (equalize / epoch_size) may need more than one pass over the consumer's part; the
+A fixed quota (equalize / epoch_size, a dataset spec's quotas) may need more than one pass over the
+consumer's part (a plan's refill_plan() says what a refill reads after it); the
 stages share one Cursor, whose counters say when to stop and go into every item's tag.
 Every stage closes the one before it when it stops, so a shard's stream is closed (and a cached
 copy committed) as soon as nobody will read from it.
@@ -11,7 +12,6 @@ copy committed) as soon as nobody will read from it.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -74,15 +74,15 @@ class EpochStream:
 
     def _one_pass(self, pass_no: int) -> Iterator[dict]:
         """segments -> read -> shuffle: the raw samples of one pass over the consumer's part; a refill
-        pass (pass_no > 0) then goes on with the rest of the epoch (Assignment.refill), shuffled on its
-        own, so the consumer's own samples come first and the others only when those run out."""
+        pass (pass_no > 0) then goes on with the rest of the epoch (plan.refill_plan(): the plain
+        path's Assignment.refill, or a mixed spec's rest of every collection), shuffled on its own, so
+        the consumer's own samples come first and the others only when those run out."""
         c, plan, errors = self.plan.consumer, self.plan, self.cursor.errors
         rng = rng_for(self.seed, plan.epoch, c.rank, c.worker, TAG_BUFFER, pass_no)
         own = shuffle_buffer(self.source.samples(plan, errors), self.shuffle, rng)
-        rest = plan.assignment.refill if plan.assignment is not None and pass_no > 0 else ()
-        if not rest:
+        others = plan.refill_plan() if pass_no > 0 else None
+        if others is None:
             return own
-        others = dataclasses.replace(plan, assignment=dataclasses.replace(plan.assignment, segments=rest))
         rng = rng_for(self.seed, plan.epoch, c.rank, c.worker, TAG_BUFFER, pass_no, TAG_REFILL)
         return _chain(own, shuffle_buffer(self.source.samples(others, errors), self.shuffle, rng))
 
@@ -112,7 +112,7 @@ class EpochStream:
                 stream.close()
             whole = raw0 >= cursor.skip  # drawn whole after the resume point
             empty = cursor.raw == raw0 or (whole and cursor.taken == taken0)
-            refilled = pass_no > 0 or not (self.plan.assignment and self.plan.assignment.refill)
+            refilled = pass_no > 0 or self.plan.refill_plan() is None
             if empty and refilled:
                 if quota is not None and cursor.taken < quota:
                     c = self.plan.consumer

@@ -177,9 +177,6 @@ def test_a_user_bug_stops_the_run_with_its_file_and_line(runner, tmp_path):
 def test_a_worker_that_dies_on_one_sample_fails_only_its_task(runner, tmp_path):
     if runner.name == "serial":
         pytest.skip("serial runs every task in the driver process: a sample that ends its process ends the run")
-    if runner.name == "slurm":
-        pytest.skip("one Slurm array task runs its chunk's tasks in one `shardflow worker` process: a crash ends the "
-                    "chunk, and the tasks after the culprit wait for the script's retries or a resubmission")
     options = runner.options
     if runner.name == "dask":  # the suite's cluster runs its workers without a nanny: a dead one is not replaced
         import dask

@@ -136,6 +136,20 @@ def jobfile(tmp_path: Path) -> tuple[Path, list[str]]:
     return write_job_file(tmp_path), args
 
 
+def test_retries_per_index_default_to_one_more_than_the_jobs_io_retries(jobfile):
+    """A task that kills its pod is recorded failed by the attempt after its io_retries + 1 deaths
+    (cluster.dead_attempts): an index that gave up at 3 retries (backoffLimitPerIndex) left nothing in
+    failed/ saying which task or shard."""
+    path, args = jobfile
+    for extra, retries in (([], 4), (["--set", "io_retries=6"], 7), (["--retries", "2"], 2)):
+        result = CliRunner().invoke(main, ["k8s", str(path), *args, *extra, "--image", "i", "--no-prepare"])
+        assert result.exit_code == 0, result.output
+        assert yaml.safe_load(result.stdout)["spec"]["backoffLimitPerIndex"] == retries
+    slurm = CliRunner().invoke(main, ["slurm", str(path), *args[:4], "--shared-fs", "--no-prepare",
+                                      "--set", "io_retries=6"])
+    assert slurm.exit_code == 0 and "\nRETRIES=7\n" in slurm.stdout, slurm.output
+
+
 def test_cli_writes_the_plan_and_prints_a_valid_job(jobfile, tmp_path):
     path, args = jobfile
     result = CliRunner().invoke(main, ["k8s", str(path), *args, "--image", "img:1", "--tasks-per-pod", "2"])

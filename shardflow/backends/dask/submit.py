@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from shardflow.backends.dask.on_worker import run_on_worker
-from shardflow.backends.dead_workers import inputs_text, remove_dead_temps
 from shardflow.backends.groups import GroupSizer, take_group
 from shardflow.backends.wire import dumps_job, missing_module_message
 from shardflow.errors import FailureKind, JobError
+from shardflow.job.dead_workers import inputs_text, remove_dead_temps
 from shardflow.job.progress import Progress
 from shardflow.rundir.tasks import Task, TaskResult
 

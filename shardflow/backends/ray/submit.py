@@ -9,11 +9,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
-from shardflow.backends.dead_workers import inputs_text, remove_dead_temps
 from shardflow.backends.groups import GroupSizer, take_group
 from shardflow.backends.ray.on_worker import TransientFailure, run_on_ray
 from shardflow.backends.ray.resources import slots
 from shardflow.errors import FailureKind, JobError
+from shardflow.job.dead_workers import inputs_text, remove_dead_temps
 from shardflow.job.progress import Progress
 from shardflow.rundir.tasks import Task, TaskResult
 

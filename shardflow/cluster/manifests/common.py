@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import yaml
 
-from shardflow.cluster.contract import EXIT_BAD_INPUT, EXIT_RETRY, EXIT_STOP, chunk_count
+from shardflow.cluster.contract import (
+    DEFAULT_INDEX_RETRIES,
+    EXIT_BAD_INPUT,
+    EXIT_RETRY,
+    EXIT_STOP,
+    chunk_count,
+    index_retries,
+)
 from shardflow.cluster.manifests import extras
 from shardflow.cluster.prepare import prepare_run_dir
 from shardflow.errors import JobError
@@ -59,7 +66,7 @@ class ClusterOptions:
     image_pull_secrets: Sequence[str] = ()
     node_selector: Mapping[str, str] = field(default_factory=dict)
     pvcs: Sequence[tuple[str, str]] = ()  # (claim name, mount path)
-    retries: int = 3  # backoffLimitPerIndex / Argo retryStrategy.limit
+    retries: int = DEFAULT_INDEX_RETRIES  # backoffLimitPerIndex / Argo retryStrategy.limit (from_job: the job's)
     max_failed_indexes: int | None = None  # None: 10% of the indexes (at least 1)
     ttl: int = 86_400  # seconds a finished Job/Workflow is kept
     deadline: int | None = None  # activeDeadlineSeconds of the whole run
@@ -295,6 +302,8 @@ def from_job(job: "ShardJob", image: str, *, prepare: bool = True, rerun: Rerun 
     if prepare:
         prepare_run_dir(job, rerun)  # storage trouble: one line naming the way out (--no-prepare)
     tasks = job.task_count()  # without prepare, 1M tasks are counted, not built
+    if options.get("retries") is None:
+        options["retries"] = index_retries(job.spec.io_retries)
     options.setdefault("name", f"shardflow-{job.name}")
     options.setdefault("fingerprint", extras.run_fingerprint(job))
     options.setdefault("unique", extras.unique_suffix())

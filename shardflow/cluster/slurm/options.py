@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
-from shardflow.cluster.contract import chunk_count
+from shardflow.cluster.contract import DEFAULT_INDEX_RETRIES, chunk_count, index_retries
 from shardflow.cluster.prepare import prepare_run_dir
 from shardflow.errors import JobError
 from shardflow.job.rerun import Rerun
@@ -58,7 +58,7 @@ class SlurmOptions:
     container_mounts: Sequence[str] = ()  # pyxis --container-mounts SRC:DST entries
     command: str = "shardflow"  # how the nodes start shardflow (after the setup lines)
     log_dir: str | None = None  # where Slurm writes each array task's log (default: the submit directory)
-    retries: int = 3  # transient failures (exit 75, a killed worker) retried per array task
+    retries: int = DEFAULT_INDEX_RETRIES  # exit 75 or a killed worker, per array task (from_job: the job's)
     signal_seconds: int = 90  # the warning signal (USR1) this long before the time limit
     storage_options: Sequence[str] = ()  # `--storage-option KEY=VALUE` items for the worker (never secrets)
     env: Sequence[tuple[str, str]] = field(default_factory=tuple)  # plain variables exported by the script
@@ -180,6 +180,8 @@ def from_job(job: "ShardJob", *, prepare: bool = True, rerun: Rerun = Rerun(), s
         check_shared(first_output, "output", shared_fs)
     if prepare:
         prepare_run_dir(job, rerun)
+    if options.get("retries") is None:
+        options["retries"] = index_retries(job.spec.io_retries)
     options.setdefault("name", job_name(f"shardflow-{job.name}"))
     if "storage_options" not in options:
         options["storage_options"] = worker_storage_options(job, job.run_dir, warn=False)  # secrets: env

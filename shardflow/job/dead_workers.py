@@ -1,10 +1,13 @@
 """A task whose worker processes died under it (a native crash or an out-of-memory kill on one of its
-samples, os._exit in fn) until its backend gave up on it: what the driver does in the workers' place,
-the same on every backend (processes: backends.pool_calls; dask/submit.py; ray/submit.py).
+samples, os._exit in fn) until shardflow gave up on it: what is done in the workers' place, the same
+wherever the task ran (processes: backends.pool_calls; dask/submit.py; ray/submit.py; a pod or Slurm
+array task: cluster.dead_attempts). Here, in the job layer, because backends and cluster may not
+import each other.
 
 - The temps its killed attempts left are removed by name (task.run_task's rule: a task's next attempt
   removes them before it starts, but a task that failed has no next attempt in this run).
-- The failure is recorded in failed/ (kind io: a rerun retries it), as run_task records the others.
+- The failure is recorded in failed/ (kind io: a storage error's kind, worth another try later), as
+  run_task records the others, with a message that starts with WORKER_DIED (killed_its_worker reads it).
 - The message names the task's input shards: the data to look at.
 """
 
@@ -19,11 +22,22 @@ from shardflow.shards.task_files import remove_stale_temps
 if TYPE_CHECKING:
     from shardflow.job.shard_job import ShardJob
 
+WORKER_DIED = "its worker process died"  # how a failure recorded here starts (backends.pool_calls reads it)
+
 
 def inputs_text(task: Task) -> str:
     """A task's input shards as a message names them (the first two, and how many more)."""
     more = len(task.inputs) - 2
     return ", ".join(task.inputs[:2]) + (f" and {more} more" if more > 0 else "")
+
+
+def worker_died_error(task: Task, count: int, io_retries: int, how: str, samples: int = 0,
+                      then: str = "A rerun retries it") -> str:
+    """The failure message of `task` whose workers died `count` times under it: how the last one ended,
+    after how many samples (its last beat), its inputs, and what happens `then`."""
+    return (f"{WORKER_DIED} while running it ({how}{f', after {samples} samples' if samples else ''}; input "
+            f"{inputs_text(task)}), {count} time{'s' if count > 1 else ''} (io_retries={io_retries}): a native "
+            f"crash or the memory limit on one of its samples? {then}")
 
 
 def remove_dead_temps(job: "ShardJob", task: Task) -> None:
