@@ -69,6 +69,12 @@ class SampleError(ShardflowError):
     """Members do not form valid samples: duplicate extensions, a key seen twice, unwritable names."""
 
 
+class StrayMember(ShardflowError):
+    """A member that belongs to no sample (no extension, a hidden `.name`, macOS `._*` AppleDouble, a stray
+    README): left out and reported, never raised and never a failed sample. Not a SampleError: its
+    neighbours are whole, and a job counts it apart from its failures (task/failures.py)."""
+
+
 class DecodeError(ShardflowError):
     """A member's bytes could not be decoded by the codec its extension selects."""
 

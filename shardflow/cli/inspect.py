@@ -32,7 +32,7 @@ from shardflow.cli.tools_common import terminal_bytes
 from shardflow.errors import DEFAULT_ON_ERROR_READ, ShardflowError
 from shardflow.shards.keys import Sample
 from shardflow.shards.records import iter_records, member_sizes, record_format, value_bytes
-from shardflow.shards.samples import iter_samples
+from shardflow.shards.samples import iter_samples, strays_once
 from shardflow.shards.spec import SpecError, is_spec, load_spec
 from shardflow.shards.tar_read import iter_members
 from shardflow.storage import options as so
@@ -92,7 +92,8 @@ def _samples(stream: BinaryIO, url: str, on_error: str, warn: Any = None) -> Ite
     if record_format(url):  # .cbors / .mps / .msgpacks
         return iter_records(stream, url, on_error=on_error, report=warn)
     resync = on_error != "raise"
-    return iter_samples(iter_members(stream, url, resync=resync), url, on_error=on_error, report=warn)
+    report = None if warn is None else strays_once(warn)  # a shard's stray members: one warning, not one each
+    return iter_samples(iter_members(stream, url, resync=resync), url, on_error=on_error, report=report)
 
 
 def _ls_line(key: str, sizes: dict[str, int], natives: dict[str, str] | None = None) -> str:

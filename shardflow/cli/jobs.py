@@ -199,7 +199,8 @@ def status_command(run_dir: str, nerrors: int, as_json: bool, storage_option: tu
     Tasks done / failed / running / pending, samples in and out, the rate and ETA, the running tasks
     with their worker and age, the sample errors by type and the last failures. Works while a run is
     going on, from any machine that can read the run directory. --watch polls until no task is left
-    to run, printing each failure as it happens.
+    to run, printing each failure as it happens, or until the run's driver is gone (killed on this
+    host, or its lease expired: exit 1).
 
     Exit status: 0 no task failed, 1 a task failed (with --check: or a task is not done yet),
     2 the run directory cannot be read.

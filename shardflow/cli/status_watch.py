@@ -9,7 +9,9 @@ The watch reads the run directory every interval (listings only: rundir.status) 
 saw between polls: the failed tasks already shown, so each new failure is printed once, as it
 happens. On a terminal it redraws the whole status (running tasks with worker, age and last beat, rate,
 ETA); otherwise it prints one line per poll (the first running tasks with their samples so far). It
-ends when no task is left to run (done or failed).
+ends when no task is left to run (done or failed), or, with exit status 1 and a last line saying so,
+when status can tell the run's driver is gone (rundir.status.driver_gone: killed on this host, or its
+lease expired) with tasks left: no one will run them, so there is nothing more to wait for.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def line(status: RunStatus) -> str:
     if tally is None or ended(status):
         return text
     tasks_s, samples_s, _ = tally.rate()
-    eta = tally.eta()
+    eta = None if status.driver_gone else tally.eta()
     running = ", ".join(f"task {r.task} on {safe(r.worker, 80)} for {duration(tally.read_at - r.start)}"
                         f"{_beat_brief(r, tally.read_at)}" for r in tally.running[:3])
     more = f" and {len(tally.running) - 3} more" if len(tally.running) > 3 else ""
@@ -66,7 +68,8 @@ def _beat_brief(entry: Any, now: float) -> str:
 
 def watch(read: Callable[[], RunStatus], interval: float, *, check: bool = False,
           echo: Callable[[str], None] = click.echo, terminal: bool | None = None) -> int:
-    """Poll until no task is left to run (or Ctrl-C: 0); returns the exit status of the last poll."""
+    """Poll until no task is left to run (or Ctrl-C: 0); returns the exit status of the last poll, 1 when
+    the driver is gone with tasks left."""
     terminal = sys.stdout.isatty() if terminal is None else terminal
     seen_failed: set[int] = set()
     status: Any = None
@@ -86,6 +89,12 @@ def watch(read: Callable[[], RunStatus], interval: float, *, check: bool = False
                 echo(f"FAILED task {task_id} [{record.get('kind', '?')}]: {error}")
             if ended(status):
                 return exit_code(status, check=check)
+            if status.driver_gone:
+                if not terminal:  # the redrawn status already ends with it
+                    echo(status.driver_gone)
+                echo(f"stopped watching: the {len(status.pending)} tasks not done will not run until the run's "
+                     "command runs again")
+                return EXIT_FAILED
             time.sleep(interval)
     except KeyboardInterrupt:
         return EXIT_OK

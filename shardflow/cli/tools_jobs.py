@@ -24,7 +24,8 @@ from shardflow.tools.sort import DEFAULT_MEMORY, SortSamples, passthrough
 
 _OUTPUT_PATTERN = click.option(
     "--output", "-o", "output", required=True, metavar="PATTERN",
-    help="output shards: a pattern with {name} (input shard name), {task} and {part} (rollover part)")
+    help="output shards: a pattern with {name} (input shard name), {task} and {part} (rollover part); a task "
+         "with no sample to write (an empty input shard) writes none")
 _MAXCOUNT = setting_option("maxcount", type=click.IntRange(min=1), metavar="N")
 _MAXSIZE = setting_option("maxsize", metavar="BYTES")
 
@@ -45,6 +46,7 @@ def split_command(spec: tuple[str, ...], output: str, maxcount: int | None, maxs
                   **kw: Any) -> None:
     """Split shards into smaller ones (tarsplit): each input shard into parts of at most --maxcount
     samples and/or --maxsize bytes, samples copied byte for byte. Resumable; runs on any backend.
+    An empty input shard gives no part: no empty shard is ever written.
 
     \b
       shardflow split 'data/train-{000..009}.tar' -o 'small/{name}-{part:04d}.tar' --maxsize 1e9
@@ -120,7 +122,8 @@ def sort_command(spec: tuple[str, ...], output: str, by: str, reverse: bool, mem
     """Sort the samples within each shard (tarsort), stable, in bounded memory.
 
     Numbers (also numeric text such as cls) sort numerically, then text; samples without the field
-    go last. Each input shard becomes one output shard (a pattern with {name}). Resumable.
+    go last. Each input shard with samples becomes one output shard (a pattern with {name}); an empty
+    one, or one whose samples all failed, gives none (no empty shard is ever written). Resumable.
 
     \b
       shardflow sort 'data/*.tar' -o 'sorted/{name}.tar' --by json.label
@@ -157,7 +160,8 @@ def map_command(spec: tuple[str, ...], output: str, command: str, parallel: int,
     directory as <key-basename>.<ext>, CMD runs there (sh -c, no stdin, a timeout, a clean
     environment), and every file left in the directory becomes the output sample (deleted files
     dropped, new files added, the key kept). A failing command (non-zero exit, timeout) drops that
-    sample and logs it, with the tail of its stderr, in the run directory (`shardflow status`).
+    sample and logs it, with the tail of its stderr, in the run directory (`shardflow status`). An input
+    shard that gives no sample (empty, or every command failed) gives no output shard.
 
     \b
       shardflow map demo.tar -o 'small/{name}.tar' -p 4 -c 'convert *.jpg -resize 64x64 small.png && rm *.jpg'

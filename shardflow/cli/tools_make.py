@@ -34,6 +34,8 @@ from shardflow.cli.tools_common import (
     storage_option,
 )
 from shardflow.errors import JobError
+from shardflow.shards.record_write import RecordWriter
+from shardflow.shards.records import record_format
 from shardflow.shards.samples import read_samples
 from shardflow.shards.writer import TarWriter
 from shardflow.storage import options as so
@@ -84,7 +86,7 @@ def create_command(source: str, output: str, recipe: bool, maxcount: int, maxsiz
     """Create shards from files (tarp create / tarcreate).
 
     SOURCE is a directory or a remote folder URL (files sharing a basename up to the first dot
-    become one sample, in name order, like `tar --sort=name`; hidden files skipped) or a recipe file
+    become one sample, members grouped by sample key (docs/shell-tools.md); hidden files skipped) or a recipe file
     (or '-'): one 'archive-name source' line per member, where source is a path or URL, text:...,
     or pipe:CMD (only with --allow-pipe). Links in a tree are skipped unless --dereference; a
     recipe reads only under its own folder unless --allow-outside (docs/shell-tools.md).
@@ -224,14 +226,14 @@ def head_command(spec: tuple[str, ...], count: int, output: str, progress: bool 
     produced_by: dict[str, str] = {}  # key -> the shard it came from: a key twice would not read back
     try:
         with one_line_errors(options, exit_code=EXIT_FAILED):
-            with TarWriter(output, storage_options=so.options_for(output, options), temp_tag=writer_tag()) as writer:
+            # the name picks the format, as ShardWriter does: .cbors / .mps / .msgpacks are record streams
+            kind = RecordWriter if record_format(output) else TarWriter
+            with kind(output, storage_options=so.options_for(output, options), temp_tag=writer_tag()) as writer:
                 for url in urls:
                     if written >= count:
                         break
                     for sample in read_samples(url, storage_options=so.options_for(url, options),
                                                allow_pipe=allow_pipe):
-                        if written >= count:
-                            break
                         key = sample["__key__"]
                         problem = output_key_problem(key, key, produced_by, url=url)  # cat -o's check
                         if problem is not None:  # left out and said, as cat -o's default on_error does
@@ -242,8 +244,12 @@ def head_command(spec: tuple[str, ...], count: int, output: str, progress: bool 
                         writer.write(sample)
                         written += 1
                         bar.update(1)
+                        if written >= count:  # stop now: the next sample (maybe a bad one) is never read
+                            break
     finally:
         bar.close()
-    short = f" (SPEC holds only {written + left_out})" if written < count else ""
-    dropped = f"; {left_out} samples left out (see the warnings above)" if left_out else ""
-    click.echo(f"{written} samples written to {printable(output)}{short}{dropped}", err=True)
+    short = f" (SPEC holds only {written})" if written < count and not left_out else ""
+    if left_out:  # said as what happened: the SPEC held more samples than were written
+        short = (f"; {left_out} samples left out (duplicate or unwritable keys: see the warnings above)"
+                 + ("; SPEC holds no more" if written < count else ""))
+    click.echo(f"{written} samples written to {printable(output)}{short}", err=True)

@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 import click
 
-from shardflow.cli.common import EXIT_FAILED, Fail, one_line_errors, parse_storage_options, spec_inputs
+from shardflow.cli.common import EXIT_ERROR, EXIT_FAILED, Fail, one_line_errors, parse_storage_options, spec_inputs
 from shardflow.cli.tools_common import (
     allow_pipe_option,
     expand_all,
@@ -32,11 +32,12 @@ from shardflow.cli.tools_common import (
     storage_option,
 )
 from shardflow.errors import DEFAULT_ON_ERROR_READ, ShardflowError
-from shardflow.shards.samples import read_samples
+from shardflow.shards.samples import read_samples, strays_once
 from shardflow.storage import options as so
 from shardflow.storage.publish import open_atomic
 from shardflow.tools.fields import FieldError, field_value
 from shardflow.tools.output_temps import remove_dead_writers_temps, writer_tag
+from shardflow.tools.runner import STDOUT
 
 
 def register(group: click.Group) -> None:
@@ -50,8 +51,27 @@ def _warn(error: ShardflowError) -> None:
 
 def _samples(urls: list[str], options: dict[str, Any] | None, allow_pipe: bool, on_error: str) -> Iterator[Any]:
     for url in urls:
-        yield from read_samples(url, on_error=on_error, report=_warn, storage_options=so.options_for(url, options),
-                                allow_pipe=allow_pipe)
+        yield from read_samples(url, on_error=on_error, report=strays_once(_warn),  # one line per shard's strays
+                                storage_options=so.options_for(url, options), allow_pipe=allow_pipe)
+
+
+def _refuse_binary_to_terminal(what: str) -> None:
+    """Exit 2 with one line when `-o -` would put binary data (parquet, png) on a terminal, as for a tar."""
+    if sys.stdout.isatty():
+        raise Fail(f"refusing to write {what} to a terminal: redirect standard output (> FILE) or pipe it", EXIT_ERROR)
+
+
+def _shown(output: str) -> str:
+    return "standard output" if output == STDOUT else printable(output)
+
+
+def _write_out(url: str, data: bytes, options: dict[str, Any] | None) -> None:
+    """`data` to standard output when `url` is `-` (tools.runner.STDOUT), else to the file, atomically."""
+    if url == STDOUT:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        return
+    _write_atomic(url, data, options)
 
 
 def _write_atomic(url: str, data: bytes, options: dict[str, Any] | None) -> None:
@@ -178,7 +198,7 @@ def _pyarrow() -> tuple[Any, Any]:
 @click.option("--format", "fmt", type=click.Choice(["tsv", "csv", "jsonl", "parquet"]), default="tsv",
               show_default=True)
 @click.option("--output", "-o", "output", metavar="FILE", help="write here (atomic) instead of stdout; "
-              "needed for parquet")
+              "needed for parquet ('-': standard output, to pipe it)")
 @click.option("--header/--no-header", default=True, show_default=True, help="a first line naming the columns")
 @click.option("--on-error", type=click.Choice(["raise", "skip"]), default=DEFAULT_ON_ERROR_READ, show_default=True)
 @click.option("--max-chars", type=click.IntRange(min=16), default=MAX_CHARS, show_default=True,
@@ -204,7 +224,11 @@ def tsv_command(spec: tuple[str, ...], fields: tuple[str, ...], fmt: str, output
       shardflow tsv 'data/*.tar' -f json.caption --format parquet -o meta.parquet
     """
     if fmt == "parquet" and not output:
-        raise click.UsageError("--format parquet writes a file: give -o FILE")
+        raise click.UsageError("--format parquet writes a file: give -o FILE (or -o - to pipe it)")
+    if output == STDOUT and fmt != "parquet":
+        output = None  # `-` is standard output, as for every command (tools.runner.STDOUT): the streamed table
+    if output == STDOUT:
+        _refuse_binary_to_terminal("parquet")
     if fmt == "parquet":
         _pyarrow()  # before reading anything
     options = parse_storage_options(storage_option)
@@ -233,8 +257,8 @@ def tsv_command(spec: tuple[str, ...], fields: tuple[str, ...], fmt: str, output
             data = _parquet(rows, columns)
         else:
             data = _text_table(rows, columns, fmt, header, False, raw_cells).encode()
-        _write_atomic(output, data, options)
-    click.echo(f"{len(rows)} rows written to {printable(output)}", err=True)
+        _write_out(output, data, options)
+    click.echo(f"{len(rows)} rows written to {_shown(output)}", err=True)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -245,7 +269,8 @@ def tsv_command(spec: tuple[str, ...], fields: tuple[str, ...], fmt: str, output
 @spec_inputs
 @click.option("-n", "count", type=click.IntRange(min=1, max=10_000), default=16, show_default=True,
               help="samples with an image to show")
-@click.option("--output", "-o", "output", metavar="FILE.png", help="write the contact sheet here (atomic)")
+@click.option("--output", "-o", "output", metavar="FILE.png", help="write the contact sheet here (atomic; '-': "
+              "the PNG alone to standard output)")
 @click.option("--columns", "-c", type=click.IntRange(min=1), default=4, show_default=True, help="tiles per row")
 @click.option("--size", type=click.IntRange(16, 2048), default=192, show_default=True, help="tile size in pixels")
 @click.option("--image", "image_ext", metavar="EXT", help="the member to show (default: the first image member)")
@@ -266,6 +291,8 @@ def show_command(spec: tuple[str, ...], count: int, output: str | None, columns:
     from shardflow.cli import tools_sheet as inline
     from shardflow.tools import sheet
 
+    if output == STDOUT:  # the PNG alone goes to stdout (no inline image, no table)
+        _refuse_binary_to_terminal("a PNG")
     options = parse_storage_options(storage_option)
     with one_line_errors(options, exit_code=EXIT_FAILED, broken_pipe_ok=True):
         urls = expand_all(spec, options)
@@ -276,16 +303,16 @@ def show_command(spec: tuple[str, ...], count: int, output: str | None, columns:
             raise Fail("no sample with an image member" + (f" {image_ext!r}" if image_ext else ""), EXIT_FAILED)
         image = sheet.render(tiles, columns, size)
         if output:
-            _write_atomic(output, sheet.png_bytes(image), options)
-        protocol = inline.inline_protocol(sys.stdout)
+            _write_out(output, sheet.png_bytes(image), options)
+        protocol = inline.inline_protocol(sys.stdout) if output != STDOUT else None  # -o -: stdout holds the PNG
         if protocol:
             sys.stdout.buffer.write(inline.inline_image(image, protocol))
             sys.stdout.flush()
-        else:
+        elif output != STDOUT:
             for tile in tiles:
                 click.echo(f"{printable(tile.key)}\t{tile.ext}\t{tile.width}x{tile.height}\t{printable(tile.label)}")
     if output:
-        click.echo(f"{len(tiles)} tiles written to {printable(output)}", err=True)
+        click.echo(f"{len(tiles)} tiles written to {_shown(output)}", err=True)
 
 
 def _tiles(urls: list[str], options: dict[str, Any] | None, allow_pipe: bool, count: int, image_ext: str | None,

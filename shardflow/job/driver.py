@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from shardflow.errors import JobError
 from shardflow.job.backend_registry import backend as get_backend
 from shardflow.job.progress import DEFAULT_HEARTBEAT_S, Progress, json_reader, known_total
-from shardflow.job.rerun import Rerun
+from shardflow.job.rerun import Rerun, stream_of
 from shardflow.job.trial import prepare_trial
 from shardflow.rundir.beats import stop_idle_beats
 from shardflow.rundir.lease import RunLease
@@ -53,7 +53,7 @@ def _run_pending(job: "ShardJob", backend: str = "processes", *, force: bool = F
     between progress lines off a terminal; `lease`: checked between tasks, so a driver whose lease another
     took starts no further task (LeaseLost)."""
     rerun = Rerun.of(force=force, redo=redo, resume_anyway=resume_anyway, overwrite=overwrite, extend=extend,
-                     retry_failed=retry_failed)
+                     retry_failed=retry_failed).for_stream(stream_of(job.spec.inputs, job.spec.outputs))
     if retry_failed and limit is not None:
         raise JobError("retry_failed=True (--retry-failed) retries tasks of the run directory; a trial (limit, "
                        "--limit) runs in a scratch run of its own: give one of them")

@@ -9,15 +9,17 @@ choices exclude each other is decided here, once, in the same words at every doo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from shardflow.errors import JobError
+from shardflow.storage.protocols import STDIO
+from shardflow.storage.specs import split_joined
 
 if TYPE_CHECKING:
     from shardflow.rundir.run_dir import RunDir
 
-__all__ = ["Prepared", "Rerun"]
+__all__ = ["Prepared", "Rerun", "stream_of"]
 
 
 @dataclass(frozen=True)
@@ -45,9 +47,29 @@ class Rerun:
         return cls(redo=redo or force, resume_anyway=resume_anyway, overwrite=overwrite, extend=extend,
                    retry_failed=retry_failed)
 
-    def chosen(self) -> list[str]:
-        """The choices made, by name (a message about what a trial or a stream cannot do with them)."""
-        return [f.name for f in fields(self) if getattr(self, f.name)]
+    def for_stream(self, stream: str | None) -> "Rerun":
+        """This rerun for a job that reads or writes a stream (`stream`: which one, from `stream_of`; None:
+        neither, nothing changes). A stream cannot be resumed: stdin holds new data each run, stdout holds
+        only what this run writes, so a stream is never "already done": every run starts over (redo).
+        extend and retry_failed build on what an earlier run did, which a stream does not keep: refused."""
+        if stream is None:
+            return self
+        for name, flag in (("extend", "--extend"), ("retry_failed", "--retry-failed")):
+            if getattr(self, name):
+                raise JobError(f"{name}=True ({flag}) builds on an earlier run, but this job {stream}, a stream "
+                               f"that cannot be resumed (every run starts over): drop {flag}")
+        return replace(self, redo=True)
+
+
+def stream_of(inputs: Any, outputs: Any) -> str | None:
+    """What a job with these inputs and outputs streams, in words ("reads standard input (-)"), None
+    when it reads and writes named shards only: the one test of "a stream, in or out" (Rerun.for_stream)."""
+    if outputs == STDIO:
+        return "writes standard output (-o -)"
+    specs = [inputs] if isinstance(inputs, str) else inputs if isinstance(inputs, (list, tuple)) else []
+    if any(part == STDIO for spec in specs if isinstance(spec, str) for part in split_joined(spec)):
+        return "reads standard input (-)"
+    return None
 
 
 @dataclass(frozen=True)

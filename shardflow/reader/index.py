@@ -17,7 +17,10 @@ other half only (and a stat or HEAD per shard done before). The manifest is
 written once, atomically (local rename, or an upload published on close), when every shard of it is
 indexed; then the checkpoint is removed. A shard that fails (damaged, unreadable) is reported with its
 URL and reason and leaves the manifest unwritten (a partial manifest is never used by the reader); the
-rerun retries only the failed shards.
+rerun retries only the failed shards. Samples are counted by the reader's own reading (read_samples):
+members of no sample are left out as the reader leaves them out, and `on_error="skip"` counts what a
+reader that skips bad samples delivers (a bad sample in the data fails the shard under raise; a rerun
+cannot help it).
 """
 
 from __future__ import annotations
@@ -29,13 +32,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable, Iterator
 
-from shardflow.errors import ShardflowError, ShardIOError
+from shardflow.errors import DEFAULT_ON_ERROR_READ, ShardflowError, ShardIOError, check_on_error
 from shardflow.reader.manifest import load_manifest, summary_url
 from shardflow.rundir.layout import PLAN
-from shardflow.shards.records import iter_records, record_format
-from shardflow.shards.samples import iter_samples
+from shardflow.shards.samples import read_samples
 from shardflow.shards.spec import is_spec, load_spec
-from shardflow.shards.tar_read import iter_members
 from shardflow.storage.atomic import write_local_atomic
 from shardflow.storage.options import options_for
 from shardflow.storage.paths import filesystem, is_local, local_path
@@ -65,6 +66,8 @@ class Outcome:
     indexed: int = 0
     resumed: int = 0
     failed: list[tuple[str, str]] = field(default_factory=list)
+    bad_data: list[str] = field(default_factory=list)  # of `failed`: the cause is in the shard, a rerun fails too
+    left_out: list[tuple[str, int, str]] = field(default_factory=list)  # (url, how many, the first reason)
 
 
 def targets(specs: list[str] | tuple[str, ...], storage_options: Any = None, output: str | None = None) -> list[Target]:
@@ -110,17 +113,16 @@ class _Hashing:
         return True
 
 
-def index_shard(url: str, storage_options: Any = None) -> dict[str, Any]:
-    """The manifest entry of one shard: samples as the reader counts them (damage is an error), its
+def index_shard(url: str, storage_options: Any = None, *, on_error: str = DEFAULT_ON_ERROR_READ,
+                report: Callable[[ShardflowError], None] | None = None) -> dict[str, Any]:
+    """The manifest entry of one shard: samples as the reader counts them (read_samples, the reader's own
+    rule: a member of no sample is left out, and under `on_error="skip"` every bad sample the reader
+    leaves out is left out of the count and given to `report`; under raise the first one is raised), its
     size and sha256 over all its bytes (what a job's receipt records)."""
     stream = open_read(url, options_for(url, storage_options))
     try:
         hashing = _Hashing(stream)
-        if record_format(url):
-            samples: Iterator[Any] = iter_records(hashing, url, on_error="raise")  # type: ignore[arg-type]
-        else:
-            samples = iter_samples(iter_members(hashing, url), url, on_error="raise")  # type: ignore[arg-type]
-        nsamples = sum(1 for _ in samples)
+        nsamples = sum(1 for _ in read_samples(hashing, url, on_error=on_error, report=report))  # type: ignore[arg-type]
         while hashing.read(_CHUNK):  # the rest (end-of-archive blocks, padding): the hash covers the file
             pass
     finally:
@@ -143,15 +145,24 @@ def shard_version(url: str, storage_options: Any = None) -> str:
         return ""
 
 
-def _index_one(job: tuple[str, Any]) -> tuple[str, dict[str, Any] | None, str | None]:
-    url, options = job
+_Indexed = tuple[str, "dict[str, Any] | None", "str | None", bool, "list[str]"]  # see _index_one
+
+
+def _index_one(job: tuple[str, Any, str]) -> _Indexed:
+    """(url, entry or None, the error, whether the error is in the data (not I/O: a rerun fails the same
+    way), the reasons of what the reading left out)."""
+    url, options, on_error = job
+    left_out: list[str] = []
     try:
         version = shard_version(url, options)
-        return url, {**index_shard(url, options), _VERSION: version}, None
-    except ShardflowError as exc:
-        return url, None, str(exc)
+        entry = index_shard(url, options, on_error=on_error, report=lambda e: left_out.append(str(e)))
+        return url, {**entry, _VERSION: version}, None, False, left_out
+    except ShardIOError as exc:
+        return url, None, str(exc), False, left_out
+    except ShardflowError as exc:  # a damaged archive, a bad sample: the cause is in the shard
+        return url, None, str(exc), True, left_out
     except (OSError, ValueError, EOFError) as exc:
-        return url, None, str(ShardIOError(f"{type(exc).__name__}: {exc}", url=url))
+        return url, None, str(ShardIOError(f"{type(exc).__name__}: {exc}", url=url)), False, left_out
 
 
 def state_path(manifest: str) -> str:
@@ -181,9 +192,11 @@ def _load_state(path: str) -> dict[str, dict[str, Any]]:
 
 
 def run_index(plan: list[Target], storage_options: Any = None, *, processes: int = 1,
-              progress: Callable[[int, int], None] | None = None) -> Outcome:
+              progress: Callable[[int, int], None] | None = None, on_error: str = DEFAULT_ON_ERROR_READ) -> Outcome:
     """Index every shard of `plan` (resuming from the checkpoints), then write each manifest whose
-    shards all succeeded. `progress(done, total)` is called as shards finish."""
+    shards all succeeded. `progress(done, total)` is called as shards finish. `on_error` is the
+    reader's (index_shard): "skip" counts what a reader that skips bad samples delivers."""
+    check_on_error(on_error)
     outcome = Outcome()
     total = sum(len(t.urls) for t in plan)
     finished = 0
@@ -202,10 +215,14 @@ def run_index(plan: list[Target], storage_options: Any = None, *, processes: int
         os.makedirs(os.path.dirname(path), exist_ok=True)
         failed_before = len(outcome.failed)
         with open(path, "a", encoding="utf-8") as state:
-            for url, entry, error in _map(todo, storage_options, processes):
+            for url, entry, error, in_data, left_out in _map(todo, storage_options, processes, on_error):
                 finished += 1
+                if left_out:
+                    outcome.left_out.append((url, len(left_out), left_out[0]))
                 if entry is None:
                     outcome.failed.append((url, error or "failed"))
+                    if in_data:
+                        outcome.bad_data.append(url)
                 else:
                     done[url] = entry
                     outcome.indexed += 1
@@ -245,8 +262,8 @@ def _counted_by_its_job(target: Target, storage_options: Any) -> bool:
     return True
 
 
-def _map(urls: list[str], storage_options: Any, processes: int) -> Iterator[tuple[str, dict | None, str | None]]:
-    jobs = [(u, storage_options) for u in urls]
+def _map(urls: list[str], storage_options: Any, processes: int, on_error: str) -> Iterator[_Indexed]:
+    jobs = [(u, storage_options, on_error) for u in urls]
     if processes <= 1 or len(jobs) < 2:
         yield from map(_index_one, jobs)
         return

@@ -5,10 +5,11 @@ can read the run directory, and never loads job.pkl (a run directory is code: se
 
 What it costs: the listings of done/ (skipped when summaries cover the plan), records/, running/,
 failed/ and errors/ (1,000 names a request on object stores), plan.json and summary.json, and only
-the files it shows: the last few failure records and error logs, and the beats (rundir.beats: samples,
-bytes, parts, the time) of at most BEATS_READ running tasks. Counts, times and workers come from
-the records' names (rundir.records, rundir.tally), so a 100k-task run on S3 costs a few hundred
-requests in any state (mid-run, markers only, after thousands of pod summaries).
+the files it shows: the last few failure records and error logs, the beats (rundir.beats: samples,
+bytes, parts, the time) of at most BEATS_READ running tasks, lease.json (is a driver still there).
+Counts, times and workers come from the records' names (rundir.records, rundir.tally), so a 100k-task
+run on S3 costs a few hundred requests in any state (mid-run, markers only, after thousands of pod
+summaries).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from shardflow.rundir.beats import STALE_BEATS
-from shardflow.rundir.layout import ERRORS, FAILED, LAST_RUN, SUMMARY, done_file, failed_file
+from shardflow.rundir.layout import ERRORS, FAILED, LAST_RUN, LEASE, SUMMARY, done_file, failed_file
+from shardflow.rundir.lease import describe_holder
+from shardflow.rundir.pids import provably_gone
 from shardflow.rundir.records import Running, TaskRecord, with_beats
 from shardflow.rundir.run_dir import RunDir
 from shardflow.rundir.stats import Stats
@@ -53,6 +56,7 @@ class RunStatus:
     failed_ids: list[int] = field(default_factory=list)  # every failed task (not done since)
     tally: RunTally | None = None  # records: rate, running tasks, workers (None: markers of an old run only)
     error_logs: tuple[int, int] = (0, 0)  # (read, listed)
+    driver_gone: str | None = None  # why no driver runs it any more (driver_gone); None: running, or cannot tell
 
     @property
     def complete(self) -> bool:
@@ -73,6 +77,7 @@ class RunStatus:
                 k: self.last_run.get(k) for k in ("done", "tasks", "processed", "seconds", "interrupted", "ok")},
             "complete": self.complete, "tracebacks": self.tracebacks,
             "progress": None if self.tally is None else progress_json(self.tally),
+            "driver_gone": None if self.complete else self.driver_gone,
         }
 
     def __str__(self) -> str:
@@ -88,7 +93,10 @@ class RunStatus:
             f"samples (done tasks): {s.samples_in} in, {s.samples_out} out, {s.dropped} dropped, {s.skipped} skipped, "
             f"{s.failed} failed; {self.shards} shards, {s.bytes_out / 1e6:.1f} MB written",
         ]
-        lines.extend(_progress_lines(self.tally) if self.tally is not None and not self.complete else [])
+        lines.extend(_progress_lines(self.tally, gone=bool(self.driver_gone))
+                     if self.tally is not None and not self.complete else [])
+        if self.driver_gone and not self.complete:
+            lines.append(self.driver_gone)
         if s.skip_reasons:
             sampled = self.tally is not None and self.tally.skipping and \
                 len(self.tally.skipping) < self.tally.skipping_tasks
@@ -101,9 +109,7 @@ class RunStatus:
             where = f" (the last {read} of {listed} tasks' logs)" if read < listed else ""
             lines.append(f"sample errors: {self.error_count} logged in {self.run_dir}/errors/{where}: {kinds}")
             for e in self.error_examples:
-                reason = safe(e.get("reason"), 1000)  # names, keys and URLs in it are data
-                if not reason.startswith(f"{e.get('type')}:"):
-                    reason = f"{e.get('type')}: {reason}"
+                reason = safe(typed_reason(e.get("type"), e.get("reason")), 1000)  # keys, URLs: data
                 lines.append(f"  task {e.get('task')} shard {safe(e.get('shard'))} key {safe_repr(e.get('key'))} "
                              f"[{e.get('stage')}] {reason}")
         for task_id, record in list(sorted(self.failed.items()))[-max(len(self.error_examples), 5):]:
@@ -126,6 +132,13 @@ class RunStatus:
         return printable("\n".join(lines))
 
 
+def typed_reason(type_name: Any, reason: Any) -> str:
+    """"TypeName: reason" for a sample error's log record, its type written once: most reasons
+    already start with it (task.failures writes `str(exc)` or `Type: message`)."""
+    text = "" if reason is None else str(reason)
+    return text if text.startswith(f"{type_name}:") else f"{type_name}: {text}"
+
+
 def duration(seconds: float) -> str:
     """3 s, 4 min 05 s, 2 h 07 min."""
     seconds = max(0, int(seconds))
@@ -136,14 +149,14 @@ def duration(seconds: float) -> str:
     return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
 
 
-def _progress_lines(tally: RunTally) -> list[str]:
-    """Rate, ETA and the running tasks (worker and age), newest first."""
+def _progress_lines(tally: RunTally, *, gone: bool = False) -> list[str]:
+    """Rate, ETA and the running tasks (worker and age), newest first; no ETA when the driver is `gone`."""
     tasks_s, samples_s, bytes_s = tally.rate()
-    eta = tally.eta()
+    eta = None if gone else tally.eta()
     lines = [f"rate: {samples_s:.1f} samples/s, {bytes_s / 1e6:.1f} MB/s read, {tasks_s * 60:.1f} tasks/min"
              + (f"; ETA {duration(eta)}" if eta is not None else "")]
     for entry in tally.running[:10]:
-        lines.append(f"  running task {entry.task} on {safe(entry.worker)} for "
+        lines.append(f"  {'was running' if gone else 'running'} task {entry.task} on {safe(entry.worker)} for "
                      f"{duration(tally.read_at - entry.start)}{beat_text(entry, tally.read_at)}")
     if len(tally.running) > 10:
         lines.append(f"  ... and {len(tally.running) - 10} more running")
@@ -169,6 +182,28 @@ def beat_text(entry: Running, now: float) -> str:
         return ": no beat yet" if beat.every > 0 else ": heartbeat off"
     return (f": {beat.samples_in} samples read ({beat.rate(entry.start):.1f}/s), {beat.samples_out} written, "
             f"{beat.parts} parts, {beat.bytes_in / 1e6:.1f} MB read; last beat {duration(age)} ago")
+
+
+def driver_gone(run_dir: RunDir, now: float) -> str | None:
+    """Why no driver runs this run any more, where status can tell from lease.json (rundir.lease): its
+    process is provably gone (rundir.pids: this host, boot and PID namespace, its pid free), or its lease
+    expired (a driver renews it every TTL/3 while it runs). None: a driver holds it, or there is no lease
+    (a driver that ended released it, one starting has not taken it yet; pods take none): cannot tell."""
+    try:
+        record = json.loads(run_dir.read_bytes(LEASE))
+        expires = float(record["expires"])
+    except FileNotFoundError:
+        return None
+    except (ValueError, TypeError, KeyError):  # not a lease shardflow wrote: nothing to tell
+        return None
+    if provably_gone(record):
+        holder = f"{record.get('user', '?')}@{record['host']} pid {record['pid']}"
+        why = f"{holder} ended without releasing the run (killed?)"
+    elif expires <= now:
+        why = f"{describe_holder(record, now)} renews its lease no more (killed, or stuck)"
+    else:
+        return None
+    return f"driver gone: {safe(why)}; nothing runs the tasks not done: run the same command again to resume"
 
 
 def progress_json(tally: RunTally) -> dict[str, Any]:
@@ -208,7 +243,8 @@ def read_status(url: str, storage_options: dict[str, Any] | None = None, *, exam
     tally.read_at = time.time()
     return RunStatus(run_dir.url, plan.get("job", {}), tasks, done, failed, pending, stats, stats.shards_out,
                      count, kinds.most_common(), last if examples else [], last_run, collector.distinct(traces),
-                     len(collector.counts), failed_ids=failed_ids, tally=tally, error_logs=logs)
+                     len(collector.counts), failed_ids=failed_ids, tally=tally, error_logs=logs,
+                     driver_gone=driver_gone(run_dir, tally.read_at) if len(done) < tasks else None)
 
 
 def reasons_from(run_dir: RunDir, tally: RunTally, last_run: dict[str, Any] | None) -> None:

@@ -1,13 +1,16 @@
 """Full tracebacks of sample errors: kept for the first few occurrences of each distinct error.
 
 errors/NNNNNN.jsonl names every failed sample with a 12-character digest of its traceback (file,
-line, function of each frame); the first TRACES_PER_DIGEST records of each digest in a task also
-carry `trace`, the formatted traceback, so `shardflow status` and the run report can show the file
-and line where the user's code failed without keeping 100,000 copies of the same text.
+line, function of each frame; type and reason for an error reported, never raised: trace_digest); the
+first TRACES_PER_DIGEST records of each digest in a task also carry `trace`, the formatted traceback,
+so `shardflow status` and the run report can show the file and line where the user's code failed
+without keeping 100,000 copies of the same text.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 import traceback
 from collections import Counter
 from typing import Any, Iterable
@@ -17,6 +20,20 @@ from shardflow.text import escape
 TRACES_PER_DIGEST = 3  # per task and distinct error
 MAX_TRACE_CHARS = 6000  # the end of a longer traceback is kept: the failing line is last
 SHOWN_TRACES = 3  # distinct tracebacks printed by `status` and the report
+# what a reason quotes from the data (a member name, a key: repr'd in either quote) and its numbers (offsets)
+_DATA_IN_REASON = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"|\d+")
+
+
+def trace_digest(error: BaseException, reason: str) -> str:
+    """The 12-character digest that groups errors: of the traceback's frames (file, line, function), or,
+    for an error never raised (a read problem reported, not thrown: no frames), of its type and its
+    reason with the data in it (quoted names, numbers) blanked, so that distinct reasons are distinct
+    groups (not all the digest of nothing, da39a3ee5e6b) while one reason about many members is one."""
+    frames = traceback.extract_tb(error.__traceback__)
+    text = ("|".join(f"{f.filename}:{f.lineno}:{f.name}" for f in frames) if frames else
+            f"{type(error).__name__}:{_DATA_IN_REASON.sub('_', reason)}")
+    return hashlib.sha1(text.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+
 
 def printable(text: str) -> str:
     """`text` safe to print on a terminal, line by line (text.escape: ESC, CR, surrogates as escapes).

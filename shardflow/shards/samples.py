@@ -1,17 +1,29 @@
 """Group tar members into samples and split samples back into members.
 
 Members of a sample are adjacent in the tar and share a key (see keys.split_name). Real data breaks
-these rules (a key that reappears later, two members with the same extension, names with no
-extension); each case is reported as a SampleError instead of being merged or dropped silently.
+these rules (a key that reappears later, two members with the same extension); each case is reported
+as a SampleError instead of being merged or dropped silently. A member that belongs to no sample (no
+extension, a hidden or macOS `._*` file) is left out and reported as a StrayMember, never raised.
 What happens next to archive damage is decided by sample_recover.DamageGuard.
 """
 
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any, BinaryIO, Callable, Iterable, Iterator
 
-from shardflow.errors import DEFAULT_ON_ERROR_READ, RAISE, SampleError, ShardflowError, apply_policy, check_on_error
+from shardflow.errors import (
+    DEFAULT_ON_ERROR_READ,
+    RAISE,
+    WARN,
+    SampleError,
+    ShardflowError,
+    ShardflowWarning,
+    StrayMember,
+    apply_policy,
+    check_on_error,
+)
 from shardflow.shards.keys import Sample, check_ext, check_key, split_name
 from shardflow.shards.records import read_records, record_format
 from shardflow.shards.sample_recover import DamageGuard
@@ -21,7 +33,7 @@ from shardflow.storage.file_value import FileValue
 
 ErrorSink = Callable[[ShardflowError], None]
 
-__all__ = ["ErrorSink", "iter_samples", "read_samples", "sample_members"]
+__all__ = ["ErrorSink", "iter_samples", "read_samples", "sample_members", "strays_once"]
 
 
 def iter_samples(members: Iterable[Member | NotRegular | Corruption], url: str = "", *,
@@ -29,11 +41,13 @@ def iter_samples(members: Iterable[Member | NotRegular | Corruption], url: str =
                  report: ErrorSink | None = None) -> Iterator[Sample]:
     """Group adjacent members into sample dicts.
 
-    `on_error="raise"` raises the first SampleError/FormatError. Otherwise each problem goes to
-    `report` (`"warn"` also warns) and the offending piece is left out: a second member with an
-    extension the sample has, the members of a key that reappears later, members with no extension,
-    and every sample archive damage may have cut (see sample_recover). A FormatError that ends the
-    stream (truncation, corrupt compression) is raised in every mode, after the samples known whole."""
+    `on_error="raise"` raises the first SampleError/FormatError, after the samples known whole.
+    Otherwise each problem goes to `report` (`"warn"` also warns) and the offending piece is left out: a
+    second member with an extension the sample has, the members of a key that reappears later, and
+    every sample archive damage may have cut (see sample_recover). A member that belongs to no sample
+    (StrayMember: no extension, a hidden file) is left out in every mode: `report`ed, and warned about
+    once per shard (see _stray). A FormatError that ends the stream (truncation, corrupt compression)
+    is raised in every mode, after the samples known whole."""
     check_on_error(on_error)
     problem = functools.partial(apply_policy, on_error=on_error, report=report)  # warns at our caller
     nested = functools.partial(apply_policy, on_error=on_error, report=report, stacklevel=4)  # one call down
@@ -45,6 +59,7 @@ def iter_samples(members: Iterable[Member | NotRegular | Corruption], url: str =
     # sample was (two headers swapped), which only the damage after it shows.
     held: Sample | None = None
     skipping: str | None = None  # a key whose members are being left out
+    strays_told = False  # whether this shard's first stray member was warned about (once per shard)
     it = iter(members)
     while True:
         try:
@@ -65,6 +80,8 @@ def iter_samples(members: Iterable[Member | NotRegular | Corruption], url: str =
             raise _located(exc, current) from exc.__cause__
         if type(member) is not Member:  # rare: one test on the per-member path, as before
             if type(member) is NotRegular:
+                if on_error == RAISE:  # the samples whole before it first: a bad member costs only its own
+                    yield from _whole(member.error.key, held, current)
                 problem(member.error)  # a link or special file left out: said so, its neighbours kept
                 continue
             lost = guard.damaged(member, current, seen)
@@ -87,8 +104,8 @@ def iter_samples(members: Iterable[Member | NotRegular | Corruption], url: str =
         if guard.active and guard.leave_out(member, key):
             seen.setdefault(key, member.offset)
             continue
-        if keyless:
-            problem(_keyless(member, key, ext, url))
+        if keyless:  # belongs to no sample: left out and reported, not a failed sample (errors.StrayMember)
+            strays_told = _stray(_keyless(member, key, ext, url), on_error, report, strays_told)
             if guard.orphan(member, current, held):  # a stand-in name: the samples next to it are left out
                 skipping, current = (None, None) if current is None else (current["__key__"], None)
                 if skipping is not None:
@@ -98,7 +115,7 @@ def iter_samples(members: Iterable[Member | NotRegular | Corruption], url: str =
             held = None
             continue
         if current is not None and key == current["__key__"]:
-            if ext in current:
+            if ext in current:  # (the sample before it went out above: a sound header followed)
                 problem(SampleError(f"duplicate extension {ext!r} in sample", url=url, key=key, offset=member.offset))
                 continue
             current[ext] = member.data
@@ -114,7 +131,12 @@ def iter_samples(members: Iterable[Member | NotRegular | Corruption], url: str =
             current, skipping = None, key
             seen.setdefault(key, member.offset)
             continue
-        current, skipping = _start(member, key, ext, url, seen, nested)
+        try:
+            current, skipping = _start(member, key, ext, url, seen, nested)
+        except SampleError:  # raise: a key that reappears; the sample before it is whole (another key)
+            if held is not None:
+                yield held
+            raise
     if held is not None:
         yield held
     if current is not None:
@@ -134,13 +156,52 @@ def _start(member: Member, key: str, ext: str, url: str, seen: dict[str, int],
     return {"__key__": key, "__url__": url, ext: member.data}, None
 
 
-def _keyless(member: Member, key: str, ext: str, url: str) -> SampleError:
-    """The error for a member that cannot belong to a sample: no extension, or a hidden file."""
+def _whole(bad_key: str | None, *samples: Sample | None) -> Iterator[Sample]:
+    """Under raise, before a bad member's error: the samples in hand that it is no part of (whole)."""
+    for sample in samples:
+        if sample is not None and sample["__key__"] != bad_key:
+            yield sample
+
+
+def _keyless(member: Member, key: str, ext: str, url: str) -> StrayMember:
+    """The report of a member that cannot belong to a sample: no extension, or a hidden file."""
     if not ext:
-        return SampleError(f"member {member.name!r} has no extension (no '.' in its name)",
-                           url=url, key=key, offset=member.offset)
-    return SampleError(f"member {member.name!r} is a hidden file (its name starts with '.'), so it has no sample key",
-                       url=url, key=key or None, offset=member.offset)
+        return StrayMember(f"member {member.name!r} has no extension (no '.' in its name): left out, it belongs "
+                           "to no sample", url=url, key=key, offset=member.offset)
+    return StrayMember(f"member {member.name!r} is a hidden file (its name starts with '.'), so it has no sample "
+                       "key: left out, it belongs to no sample", url=url, key=key or None, offset=member.offset)
+
+
+def _stray(error: StrayMember, on_error: str, report: ErrorSink | None, told: bool) -> bool:
+    """Leave out a member that belongs to no sample, whatever `on_error` says (webdataset skips them
+    silently; a macOS tar has one `._*` beside every file): never raised, its neighbours are whole.
+    Each one goes to `report` (a job logs it in errors/, uncounted); the first of a shard is warned
+    about when nobody is told otherwise (raise without `report`) or under warn. Returns `told`."""
+    if report is not None:
+        report(error)
+    if not told and (on_error == WARN or (report is None and on_error == RAISE)):
+        warnings.warn(f"{error} (further members of this shard that belong to no sample are left out without "
+                      "a warning)", ShardflowWarning, stacklevel=3)
+        return True
+    return told
+
+
+def strays_once(report: ErrorSink) -> ErrorSink:
+    """`report` for one shard, for a tool that prints each problem: told of the shard's first stray member
+    only (a macOS tar has a `._*` beside every file: one line, not thousands); the rest pass unchanged."""
+    told = False
+
+    def sink(error: ShardflowError) -> None:
+        nonlocal told
+        if type(error) is StrayMember:
+            if told:
+                return
+            told = True
+            error = StrayMember(f"{error.reason} (further members of this shard that belong to no sample are "
+                                "left out without a warning)", url=error.url, key=error.key, offset=error.offset)
+        report(error)
+
+    return sink
 
 
 def _is_cut(exc: ShardflowError) -> bool:

@@ -8,7 +8,6 @@ stage, reason) for errors/NNNNNN.jsonl, and the task fails only when too many sa
 
 from __future__ import annotations
 
-import hashlib
 import os
 import socket
 import sys
@@ -17,9 +16,9 @@ import traceback
 from collections import Counter
 from typing import Any
 
-from shardflow.errors import RAISE, WARN, FailureKind, JobError, ShardflowError, fatal_error
+from shardflow.errors import RAISE, WARN, FailureKind, JobError, ShardflowError, StrayMember, fatal_error
 from shardflow.rundir.stats import Stats
-from shardflow.rundir.tracebacks import TRACES_PER_DIGEST, format_trace
+from shardflow.rundir.tracebacks import TRACES_PER_DIGEST, format_trace, trace_digest
 from shardflow.storage.paths import is_local, local_path
 from shardflow.text import redact_userinfo, safe, safe_repr, truncate
 
@@ -52,10 +51,14 @@ class SampleFailures:
         # a split key's report and its leaving out), and the rate is of samples, not of failures
         self._failed_keys: set[tuple[str, str]] = set()
         self._failed_unkeyed = 0  # failures that name no key (a member before any key), each a sample
+        self._strays_told: set[str] = set()  # shards whose first stray member was warned about (left_out)
 
     def record(self, error: BaseException, url: str, key: str | None, where: str) -> None:
         """Log a failed sample; raise instead when the policy says to stop, or when the error is fatal
         (FATAL_ERRORS: the task fails whatever the policy, see fatal_error)."""
+        if type(error) is StrayMember:  # a member of no sample: logged, not a failed sample (left_out)
+            self.left_out(error, url, key, where)
+            return
         if self.debug:
             raise error
         fatal = fatal_error(error)
@@ -85,6 +88,18 @@ class SampleFailures:
                   f"{safe(reason, 2000)}", file=sys.stderr)
         self.check_rate()
 
+    def left_out(self, error: StrayMember, url: str, key: str | None, where: str) -> None:
+        """A member that belongs to no sample (no extension, a hidden or macOS `._*` file): one line in
+        errors/ and, for the first of each shard, one on stderr; never a failed sample, whatever the
+        policy (its neighbours are whole). Not counted in Stats: a count there would be a new field in
+        every summary, status and report, for members that are no data; errors/ lists each one and
+        `status` counts them by kind (read StrayMember)."""
+        self.note(error, url, key, where)
+        if url not in self._strays_told:
+            self._strays_told.add(url)
+            print(f"shardflow: warning: {error} (further members of this shard that belong to "
+                  "no sample are left out too, each listed in errors/)", file=sys.stderr)
+
     def job_bug(self, error: BaseException, url: str, key: str | None, what: str) -> TaskFailed:
         """The failure for a broken contract of the job's output as a whole (a batch's result, not one
         sample's): logged in errors/ at stage `process`, and a TaskFailed of kind `user` for the caller
@@ -100,8 +115,7 @@ class SampleFailures:
     def note(self, error: BaseException, url: str, key: str | None, where: str) -> None:
         """Add a line to the task's error log (errors/<task>.jsonl), without counting a failed sample."""
         reason = error.reason if isinstance(error, ShardflowError) else f"{type(error).__name__}: {error}"
-        frames = traceback.extract_tb(error.__traceback__)
-        digest = hashlib.sha1("|".join(f"{f.filename}:{f.lineno}:{f.name}" for f in frames).encode()).hexdigest()[:12]
+        digest = trace_digest(error, reason)
         # no traceback at all for an error whose reason says all there is (`hide_traceback`: a shell command's
         # failure names the command, its status and its stderr; its frames are shardflow's own)
         hidden = bool(getattr(error, "hide_traceback", False))
@@ -148,7 +162,7 @@ class SampleFailures:
     def most_common_error(self) -> str:
         """'most often at decode: DecodeError (12x), e.g. key 'a/17': ...' for failure messages."""
         counts: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        for error in self.errors:
+        for error in failures_only(self.errors):
             counts.setdefault((error["stage"], error["type"]), []).append(error)
         if not counts:
             return "no sample errors recorded"
@@ -185,9 +199,14 @@ def user_bug(errors: list[dict[str, Any]], stats: Stats, last: BaseException | N
 
     A sample may fail more than once (each output of a 1:N fn): the samples are counted by (shard, key),
     so the message says "5 of 5", never "9 of 5"."""
+    errors = failures_only(errors)
     if not errors or stats.failed != len(errors):
         return None
-    if {e["stage"] for e in errors} != {"process"} or len({(e["type"], e["traceback"]) for e in errors}) != 1:
+    # an error shardflow made and reported without raising it (an output check's JobError) has no frames: its
+    # digest is of its reason (rundir.tracebacks.trace_digest), which names samples; one type is one check
+    unraised = last is not None and last.__traceback__ is None
+    same = {e["type"] if unraised else (e["type"], e["traceback"]) for e in errors}
+    if {e["stage"] for e in errors} != {"process"} or len(same) != 1:
         return None
     samples = len({(e["shard"], e["key"]) for e in errors})
     if samples < stats.samples_in:
@@ -206,6 +225,15 @@ def user_bug(errors: list[dict[str, Any]], stats: Stats, last: BaseException | N
             f"{f' at {where}' if where else ''}, e.g. shard {safe(first['shard'])}, key {first['key']!r}: "
             f"{safe(first['reason'])}; "
             "a bug in the job, not bad input: the run stops (fix it and rerun; every sample is in errors/)")
+
+
+def failures_only(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of `errors` that are failures: without the members that belong to no sample
+    (StrayMember, logged by SampleFailures.left_out), which fail nothing."""
+    return [e for e in errors if e["type"] != _STRAY]
+
+
+_STRAY = StrayMember.__name__
 
 
 def _user_frame(error: BaseException | None, fallback: bool = True) -> str | None:

@@ -184,6 +184,11 @@ _CHUNK = 4
 _CHUNK_BYTES = 256 << 10
 
 
+# how output_key_problem says an input key came twice: a property of the data, the same on every rerun
+# (tools.runner's hint never suggests --retry-failed for it)
+REPEATED_INPUT_KEY = "produced twice (by input sample"
+
+
 def output_key_problem(out_key: Any, in_key: str, produced_by: dict[str, str], url: str
                        ) -> ShardflowError | None:
     """Why an output key cannot be written in this task (None when it can): not a key that reads back
@@ -201,8 +206,9 @@ def output_key_problem(out_key: Any, in_key: str, produced_by: dict[str, str], u
             return SampleError(f"bad member names in the shard (input, not the job): {input_why}", url=url, key=in_key)
         return JobError(why, url=url, key=in_key)
     if out_key in produced_by:
-        by = (f"by input sample {in_key!r}" if produced_by[out_key] == in_key else
-              f"by input samples {produced_by[out_key]!r} and {in_key!r}")
+        if produced_by[out_key] == in_key:  # the input holds the key twice
+            return JobError(f"output key {out_key!r} {REPEATED_INPUT_KEY} {in_key!r})", url=url, key=in_key)
+        by = f"by input samples {produced_by[out_key]!r} and {in_key!r}"
         return JobError(f"output key {out_key!r} produced twice ({by})", url=url, key=in_key)
     return None
 

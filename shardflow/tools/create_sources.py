@@ -1,4 +1,4 @@
-"""What `shardflow create` may read, and reading it in bounded memory.
+"""What `shardflow create` may read, and reading it in bounded memory; a recipe's lines (plan_recipe).
 
 A recipe is a list of file names written by someone, maybe a stranger (a recipe downloaded with a
 dataset), and a directory tree can hold links planted by anyone who could write into it. Neither may
@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
-from typing import Any
+from typing import Any, Iterable
 
 from shardflow.errors import JobError, ShardIOError
 from shardflow.storage import options as so
@@ -162,6 +162,43 @@ class SourceScope:
             return None
         return (f"{source!r} is outside the recipe's folder ({self.base}); a recipe reads only files under "
                 "its own folder unless you pass --allow-outside (docs/shell-tools.md: how far a recipe is trusted)")
+
+
+class RecipePlan(list[tuple[str, str]]):
+    """A recipe's (member name, source) pairs and the line each came from: the recipe is the one plan
+    whose order is the user's, so a member refused for its place is named by its line."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__()
+        self.where = where
+        self.lines: list[int] = []
+
+    def origin(self, index: int) -> str:
+        return f"recipe {self.where}, line {self.lines[index]}"
+
+
+def plan_recipe(lines: Iterable[str], where: str, allow_pipe: bool,
+                scope: SourceScope | None = None) -> RecipePlan:
+    """(member name, source) for each `name source` line; `#` comments and blank lines skipped.
+
+    Each source is checked against `scope` (default: the recipe's folder): a recipe may be a
+    stranger's, so what it may read is bounded before anything is read."""
+    scope = scope or SourceScope.of_recipe(where, allow_pipe=allow_pipe)
+    out = RecipePlan(where)
+    for number, line in enumerate(lines, 1):
+        text = line.rstrip("\n")
+        if not text.strip() or text.lstrip().startswith("#"):
+            continue
+        parts = text.split("\t", 1) if "\t" in text else text.split(None, 1)
+        if len(parts) != 2 or not parts[0].strip() or not parts[1].strip():
+            raise JobError(f"recipe {where}, line {number}: expected 'archive-name source', got {text!r}")
+        name, source = parts[0].strip(), parts[1].strip()
+        why = scope.refusal(source)
+        if why:
+            raise JobError(f"recipe {where}, line {number}: {why}")
+        out.append((name, source))
+        out.lines.append(number)
+    return out
 
 
 def check_max_bytes(value: float) -> float:

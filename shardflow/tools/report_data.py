@@ -89,6 +89,7 @@ def collect(url: str, storage_options: dict[str, Any] | None = None, *,
         "sample_errors": _sample_errors(status),
         "dropped": _dropped(status),
         "running": [] if status.tally is None else progress_json(status.tally)["running"][:50],  # with beats
+        "driver_gone": status.driver_gone,  # rundir.status.driver_gone: killed, or its lease expired
     }
 
 

@@ -4,7 +4,8 @@ The page needs no network and runs no script: plots are inline SVG (tools/report
 are data URIs, the style is inline, and a Content-Security-Policy forbids loading anything else.
 Every piece of text that came from data (keys, labels, shard URLs, error messages, tracebacks,
 worker names) goes through `_t`: escaped for a terminal first (shardflow.text: control characters and
-escape sequences shown as `\\x1b`), then for HTML, so a key `<script>` is shown as those characters.
+escape sequences shown as `\\x1b`), then for HTML, so a key `<script>` is shown as those characters;
+multi-line text (tracebacks, task errors) goes through `_pre`, the same line by line, its lines kept.
 Numbers carry `data-k="name"` so tests (and scrapers) can read them back.
 """
 
@@ -15,9 +16,10 @@ import json
 from typing import Any
 
 from shardflow.rundir.run_dir import RunDir
+from shardflow.rundir.status import typed_reason
 from shardflow.rundir.tracebacks import printable
 from shardflow.storage.publish import open_atomic
-from shardflow.text import safe
+from shardflow.text import safe, truncate
 from shardflow.tools import report_plots as plots
 from shardflow.tools.output_temps import remove_dead_writers_temps, writer_tag
 from shardflow.tools.report_data import collect
@@ -43,8 +45,11 @@ def _t(value: Any, limit: int | None = 2000) -> str:
     return html.escape(safe("" if value is None else value, limit), quote=True)
 
 
-def _pre(text: Any) -> str:
-    return f"<pre>{html.escape(printable(str(text or '')), quote=True)}</pre>"
+def _pre(text: Any, limit: int) -> str:
+    """Multi-line data text (a traceback, an error) in a <pre>: cut to `limit` characters, each line's
+    control characters escaped (tracebacks.printable keeps the newlines, which a <pre> shows as lines;
+    text.safe would write them as `\\n`), then HTML-escaped."""
+    return f"<pre>{html.escape(printable(truncate(str(text or ''), limit)), quote=True)}</pre>"
 
 
 def _n(key: str, value: Any, fmt: str = "{:,}") -> str:
@@ -82,7 +87,9 @@ def _summary(d: dict[str, Any]) -> str:
         _card("samples/s", "samples_per_s", s["samples_per_s"], "{:,.1f}"),
     ]
     cls = "ok" if s["complete"] else "bad"
-    return f'<p>State: <b class="{cls}" data-k="state">{_t(state)}</b></p><div class="cards">{"".join(cards)}</div>'
+    gone = f'<p class="bad" data-k="driver_gone">{_t(d["driver_gone"])}</p>' if d.get("driver_gone") else ""
+    return (f'<p>State: <b class="{cls}" data-k="state">{_t(state)}</b></p>{gone}'
+            f'<div class="cards">{"".join(cards)}</div>')
 
 
 def _plots(d: dict[str, Any]) -> str:
@@ -128,7 +135,7 @@ def _failures(d: dict[str, Any]) -> str:
             parts.append(f'<p class="muted">Distinct errors of the last {f["read"]} of {f["count"]} failed tasks:</p>')
         for g in f["distinct"]:
             parts.append(f'<p><b>{g["count"]:,}×</b> [{_t(g["kind"])}] e.g. task {g["example_task"]}, inputs '
-                         f'{_t(", ".join(g["inputs"][:3]), 600)}</p>{_pre(safe(g["error"], 6000))}')
+                         f'{_t(", ".join(g["inputs"][:3]), 600)}</p>{_pre(g["error"], 6000)}')
     parts.append("<h2>Sample errors</h2>")
     if not e["count"]:
         parts.append('<p class="ok">No sample error logged.</p>')
@@ -137,10 +144,11 @@ def _failures(d: dict[str, Any]) -> str:
         parts.append(f'<p>{_n("sample_errors", e["count"])} logged{note}, by stage and type:</p>')
         parts.append(_table(["stage type", "count"], [[_t(k), f"{v:,}"] for k, v in e["by_kind"]], {1}))
         for t in e["distinct"]:
-            parts.append(f'<details open><summary><b>{t["count"]:,}×</b> [{_t(t["stage"])}] {_t(t["type"])}: '
-                         f'{_t(t["reason"], 500)} — first: key <code>{_t(t["key"], 300)}</code> shard '
-                         f'<code>{_t(t["shard"], 300)}</code> (task {_t(t["task"])})</summary>'
-                         f'{_pre(safe(t["trace"], 8000))}</details>')
+            parts.append(f'<details open><summary><b>{t["count"]:,}×</b> [{_t(t["stage"])}] '
+                         f'{_t(typed_reason(t["type"], t["reason"]), 500)} — first: key '
+                         f'<code>{_t(t["key"], 300)}</code> shard <code>{_t(t["shard"], 300)}</code> '
+                         f'(task {_t(t["task"])})</summary>'
+                         f'{_pre(t["trace"], 8000)}</details>')
     parts.append("<h2>Dropped samples by reason</h2>")
     rows = [["filtered (the job returned None)", _n("dropped_filtered", dropped["filtered"])]]
     rows += [[f"skipped: {_t(k)}", f"{v:,}"] for k, v in dropped["skip_reasons"].items()]

@@ -14,8 +14,9 @@ report printed (credentials scrubbed, data escaped) and the exit status:
 
 It also owns what an output named `-` (standard output) means for every command that writes a tar
 (`stdout_tar_problem`): never a terminal, never rolled over into parts, and, for a job, the report goes
-to stderr (stdout holds nothing but the tar) and every run writes the tar whole (a stream cannot be
-resumed: the run directory records the run, but a rerun starts over, as --redo).
+to stderr (stdout holds nothing but the tar). A stream, in or out (`-` as input or output), is never
+"already done": the run directory records the run, but every run reads stdin / writes stdout whole, as
+--redo; the driver owns that rule for the CLI and the Python API alike (job.rerun.Rerun.for_stream).
 
 Click is not imported here: the flags are declared in cli/running.py, and the errors that keep a job
 from starting are turned into one line (status 2) by the `guard` the command hands in.
@@ -158,8 +159,8 @@ def run_and_report(make_job: Callable[[], Any], backend: str, *, backend_opts: M
         with guard():
             options.update(backend_options(backend, backend_opts or {}))
             job = make_job()
-            if _stdout_job(job):  # the tar owns stdout: the report goes to stderr; a stream is never "already done"
-                echo, options["redo"] = _print_stderr, True
+            if _stdout_job(job):  # the tar owns stdout: the report goes to stderr (a stream, in or out, is
+                echo = _print_stderr  # never "already done": the driver reruns it whole, job.rerun.Rerun.for_stream)
             if not debug:
                 report = job.run(backend, **options)
         if debug:
@@ -198,10 +199,25 @@ def outcome(report: Any) -> tuple[int, str | None]:
     if not report.ok:
         return EXIT_FAILED, (f"shardflow: only {report.done} of {report.tasks} tasks are done; run the same command "
                              "again to finish")
+    if report.stats.failed and _only_repeated_keys(report):
+        return EXIT_OK, (f"shardflow: {report.stats.failed} samples were left out: their keys occur more than once "
+                         f"in the inputs (see `{status}`); a rerun gives the same result: give each sample its own "
+                         "key in the inputs")
     if report.stats.failed:
         return EXIT_OK, (f"shardflow: {report.stats.failed} samples failed and were left out; see `{status}`; "
                          "once the cause is fixed, rerun with --retry-failed to run their tasks again")
     return EXIT_OK, None
+
+
+def _only_repeated_keys(report: Any) -> bool:
+    """Whether every failed sample of the run is an input key met twice (task.process.REPEATED_INPUT_KEY):
+    a property of the data, which --retry-failed cannot change. Only when the report's tracebacks account
+    for every failure (else the usual hint)."""
+    from shardflow.task.process import REPEATED_INPUT_KEY  # here: it imports numpy, every command imports this module
+
+    traces = getattr(report, "tracebacks", None) or []
+    return (sum(int(t.get("count", 1)) for t in traces) == report.stats.failed
+            and all(REPEATED_INPUT_KEY in str(t.get("reason", "")) for t in traces))
 
 
 def _shown(url: str) -> str:

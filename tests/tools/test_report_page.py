@@ -103,7 +103,9 @@ def test_the_page_in_chromium_shows_plots_numbers_and_hostile_keys_as_text(real_
              " return [e.id, r.left + scrollX, r.top + scrollY, r.width, r.height]})")
     text = "document.body.innerText"
     scripts = "document.scripts.length"
-    result = chromium.open(page, (keys, boxes, text, scripts))
+    trace = "document.querySelector('details pre').innerText"  # a traceback: shown as lines, not `\\n`
+    result = chromium.open(page, (keys, boxes, text, scripts, trace))
+    assert "Traceback (most recent call last):\n  File " in result.values[trace]
     assert result.errors == []  # no console error, no exception, nothing blocked by the page's CSP
     assert result.values[scripts] == 0
     shown = dict(result.values[keys])
