@@ -85,8 +85,9 @@ def test_a_worker_killed_in_a_group_loses_none_of_its_finished_tasks(tmp_path, m
         taken.append([task.id for task in group])
         if not chosen and len(group) > 2 and group[0].id >= 20:
             chosen.append([task.id for task in group])
-            with open(victim, "w") as f:
+            with open(victim + ".tmp", "w") as f:  # whole or absent: a worker reads it meanwhile
                 f.write(str(group[1].id))  # before the call is submitted: its worker reads it
+            os.replace(victim + ".tmp", victim)
         return group
 
     monkeypatch.setattr(local, "take_group", choose)
