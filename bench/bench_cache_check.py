@@ -24,8 +24,9 @@ from typing import Any, Callable
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from shardflow.reader.cache import ShardCache, object_version  # noqa: E402
+from shardflow.reader.cache import ShardCache  # noqa: E402
 from shardflow.storage.schemes import open_read  # noqa: E402
+from shardflow.storage.sources import object_version  # noqa: E402
 
 
 def opens_per_s(cache: ShardCache, url: str, open_remote: Callable[[], Any], version: Callable[[], Any],

@@ -40,7 +40,7 @@ from shardflow.errors import FailureKind
 from shardflow.job.dead_workers import WORKER_DIED, record_worker_deaths, worker_died_error
 from shardflow.rundir.beats import parse_beat
 from shardflow.rundir.layout import RUNNING, failed_file
-from shardflow.rundir.records import parse_running
+from shardflow.rundir.records import parse_running, pid_of
 from shardflow.rundir.tasks import Task, TaskResult
 
 if TYPE_CHECKING:
@@ -202,7 +202,7 @@ class PoolCalls:
         try:
             for name in self.job.rundir().list_names(RUNNING):
                 entry = parse_running(name)
-                pid = _pid_of(entry.worker) if entry is not None else None
+                pid = pid_of(entry.worker) if entry is not None else None
                 if entry is None or pid is None or entry.task not in ids or pid not in processes \
                         or entry.start < since - 1.0:
                     continue
@@ -260,12 +260,6 @@ def killed_its_worker(job: "ShardJob", task: Task) -> bool:
     except Exception:  # noqa: BLE001 - no failure recorded (the rule), or unreadable
         return False
     return isinstance(record, dict) and str(record.get("error", "")).startswith(WORKER_DIED)
-
-
-def _pid_of(worker: str) -> int | None:
-    """The pid at the end of a worker name (rundir.records.worker_name: host...~p<pid>)."""
-    tail = worker.rsplit("~p", 1)[-1]
-    return int(tail) if tail.isdigit() else None
 
 
 def _how(exitcode: int | None) -> str:

@@ -45,6 +45,7 @@ from shardflow.rundir.records import (
     host_of,
     parse_record,
     parse_running,
+    pid_of,
     running_name,
     worker_name,
     write_record,
@@ -156,9 +157,9 @@ class DeadAttempts:
 def _dead_now(entry: Running, content: bytes | None) -> bool:
     """Dead without watching: this host's process that is gone, or no beat for STALE_BEATS intervals."""
     if host_of(entry.worker) == host_of(worker_name()):
-        pid = entry.worker.rsplit("~p", 1)[-1]
-        if pid.isdigit():
-            return not pid_alive(int(pid))
+        pid = pid_of(entry.worker)
+        if pid is not None:
+            return not pid_alive(pid)
     beat = parse_beat(content)
     every = beat.every if beat is not None else heartbeat_seconds()
     last = beat.at if beat is not None else entry.start

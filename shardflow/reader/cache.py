@@ -38,9 +38,6 @@ from typing import Any, BinaryIO, Callable
 
 from shardflow.reader.warn_once import warn_once
 from shardflow.storage.atomic import is_temp_name, temp_name
-from shardflow.storage.options import options_for
-from shardflow.storage.paths import Options, filesystem, is_local, local_path
-from shardflow.storage.sources import object_identity
 
 Identity = tuple[tuple[str, str], ...]
 VERSION_MARK = "@"  # entry names: <url hash>@<identity hash>-<name>; older versions: <url hash>-<name>
@@ -211,21 +208,6 @@ class ShardCache:
             os.unlink(path)
         except FileNotFoundError:
             pass
-
-
-def object_version(url: str, storage_options: Options = None) -> Identity:
-    """The identity of the version of `url` there now (object_identity's rule): size and mtime of a local
-    file, the store's `info()` (one HEAD, past fsspec's listing cache) of an object. Raises when the
-    store cannot be asked."""
-    if is_local(url):
-        st = os.stat(local_path(url))
-        return object_identity({"size": st.st_size, "mtime": st.st_mtime_ns})
-    fs, path = filesystem(url, options_for(url, storage_options))
-    try:
-        fs.invalidate_cache(path)  # a listing (the spec's glob) may have cached an older info
-    except Exception:  # noqa: BLE001 - a filesystem without a listing cache
-        pass
-    return object_identity(fs.info(path))
 
 
 def _store_of(url: str) -> str:

@@ -39,9 +39,9 @@ from shardflow.shards.samples import read_samples
 from shardflow.shards.spec import is_spec, load_spec
 from shardflow.storage.atomic import write_local_atomic
 from shardflow.storage.options import options_for
-from shardflow.storage.paths import filesystem, is_local, local_path
+from shardflow.storage.paths import is_local, local_path
 from shardflow.storage.schemes import open_read, open_write
-from shardflow.storage.sources import object_identity
+from shardflow.storage.sources import object_version
 from shardflow.storage.specs import expand
 
 STATE_ENV = "SHARDFLOW_INDEX_STATE"
@@ -136,11 +136,7 @@ def shard_version(url: str, storage_options: Any = None) -> str:
     then the shard is indexed again). Taken before the shard is read, so a shard replaced while it was
     read differs at the next resume."""
     try:
-        if is_local(url):
-            st = os.stat(local_path(url))
-            return f"{st.st_size}:{st.st_mtime_ns}"
-        fs, path = filesystem(url, options_for(url, storage_options))
-        return json.dumps(object_identity(fs.info(path)))  # the reader's rule of what a version is
+        return json.dumps(object_version(url, storage_options))  # the reader's rule of what a version is
     except Exception:  # noqa: BLE001 - unknown: the checkpoint entry is not trusted
         return ""
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 from shardflow.errors import ShardflowError, ShardIOError
-from shardflow.reader.cache import ShardCache, object_version
+from shardflow.reader.cache import ShardCache
 from shardflow.reader.layout import EpochPlan
 from shardflow.reader.manifest import ShardManifest
 from shardflow.reader.settings import ReaderSettings
@@ -22,6 +22,7 @@ from shardflow.shards.samples import read_samples
 from shardflow.storage.locate import Locator, resolve
 from shardflow.storage.paths import is_local
 from shardflow.storage.schemes import open_read
+from shardflow.storage.sources import object_version
 
 
 @dataclass(frozen=True)

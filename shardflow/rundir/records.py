@@ -73,6 +73,12 @@ def host_of(worker: str) -> str:
     return worker.split("~", 1)[0]
 
 
+def pid_of(worker: str) -> int | None:
+    """The pid at the end of a worker name (`...~p<pid>`, worker_name), None when it names none."""
+    tail = worker.rsplit("~p", 1)[-1]
+    return int(tail) if tail.isdigit() else None
+
+
 @dataclass
 class TaskRecord:
     """One task's last run: when, how long, how much, where; a failure's kind."""

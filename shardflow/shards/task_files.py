@@ -73,16 +73,7 @@ def existing_parts(part: Callable[[int], str], storage_options: dict[str, Any] |
     """The final shards `part(0)`, `part(1)`, ... that exist now, up to the first that does not: what a
     task that failed leaves under final names (rollover parts it committed, or an earlier run's), which its
     failure record names. A stat (a HEAD) per part and one more."""
-    first = part(0)
-    if first == "-" or first.startswith("pipe:"):
-        return []
-    path_of, exists, _ = _by_name(first, storage_options)
-    found: list[str] = []
-    for index in itertools.count():
-        if not exists(path_of(part(index))):
-            return found
-        found.append(part(index))
-    return found
+    return [url for url, _ in _parts_from(part, 0, storage_options)[0]]
 
 
 def remove_parts_after(part: Callable[[int], str], count: int, storage_options: dict[str, Any] | None = None) -> int:
@@ -95,16 +86,26 @@ def remove_parts_after(part: Callable[[int], str], count: int, storage_options: 
     `count, count + 1, ...` with no gap: a kill midway leaves a run of parts that the next attempt finds
     whole. (Deleted upwards, a kill after `part(count)` left `count + 1, ...` behind a gap that every later
     attempt's search stopped at: their samples stayed, read twice, for good.)"""
-    first = part(0)
-    if first == "-" or first.startswith("pipe:"):
-        return 0
-    path_of, exists, remove = _by_name(first, storage_options)
-    stale: list[str] = []
-    for index in itertools.count(count):
-        path = path_of(part(index))
-        if not exists(path):
-            break
-        stale.append(path)
-    for path in reversed(stale):
+    stale, remove = _parts_from(part, count, storage_options)
+    for _, path in reversed(stale):
         remove(path)
     return len(stale)
+
+
+def _parts_from(part: Callable[[int], str], start: int, storage_options: dict[str, Any] | None
+                ) -> tuple[list[tuple[str, str]], Callable[[str], Any]]:
+    """(url, path) of the final shards `part(start)`, `part(start + 1)`, ... that exist, up to the first
+    that does not (parts are written in order: none after a gap is this task's), and the remove for their
+    paths. `-` and `pipe:` outputs are not files: none."""
+    first = part(0)
+    found: list[tuple[str, str]] = []
+    if first == "-" or first.startswith("pipe:"):
+        return found, os.unlink  # (nothing found: never called)
+    path_of, exists, remove = _by_name(first, storage_options)
+    for index in itertools.count(start):
+        url = part(index)
+        path = path_of(url)
+        if not exists(path):
+            break
+        found.append((url, path))
+    return found, remove

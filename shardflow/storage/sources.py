@@ -13,9 +13,12 @@ storage.protocols), like fsspec's own registry, not a guess from class names.
 from __future__ import annotations
 
 import errno
+import os
 from typing import Any, Callable
 
 from shardflow.storage.local_files import ObjectChangedError
+from shardflow.storage.options import options_for
+from shardflow.storage.paths import Options, filesystem, is_local, local_path
 from shardflow.storage.protocols import load, protocol_of_fs
 
 _IDENTITY_KEYS = ("size", "ETag", "etag", "generation", "VersionId", "version_id", "md5Hash", "crc32c",
@@ -27,6 +30,22 @@ def object_identity(info: dict[str, Any]) -> tuple[tuple[str, str], ...]:
     or modification time, whichever the store gives (the reader pins ranges to it; `shardflow index`
     trusts a checkpoint entry only while it is unchanged)."""
     return tuple((k, str(info[k])) for k in _IDENTITY_KEYS if info.get(k) is not None)
+
+
+def object_version(url: str, storage_options: Options = None) -> tuple[tuple[str, str], ...]:
+    """The identity of the version of `url` there now (object_identity's rule): size and mtime of a local
+    file, the store's `info()` (one HEAD, past fsspec's listing cache) of an object. Raises when the
+    store cannot be asked. What the reader's cache checks a copy against, and what `shardflow index`
+    trusts a checkpoint entry by."""
+    if is_local(url):
+        st = os.stat(local_path(url))
+        return object_identity({"size": st.st_size, "mtime": st.st_mtime_ns})
+    fs, path = filesystem(url, options_for(url, storage_options))
+    try:
+        fs.invalidate_cache(path)  # a listing (the spec's glob) may have cached an older info
+    except Exception:  # noqa: BLE001 - a filesystem without a listing cache
+        pass
+    return object_identity(fs.info(path))
 
 
 def _deleted(url: str) -> ObjectChangedError:

@@ -17,8 +17,9 @@ pytest.importorskip("torch")
 from shardflow import ShardDataset  # noqa: E402
 from shardflow.errors import ShardIOError  # noqa: E402
 from shardflow.reader import warn_once  # noqa: E402
-from shardflow.reader.cache import ShardCache, object_version  # noqa: E402
+from shardflow.reader.cache import ShardCache  # noqa: E402
 from shardflow.shards.writer import ShardWriter  # noqa: E402
+from shardflow.storage.sources import object_version  # noqa: E402
 
 URL = "s3://versions/train/s-{000..001}.tar"
 
