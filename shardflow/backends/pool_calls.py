@@ -94,7 +94,11 @@ class PoolCalls:
             group = self.take_group(self.remaining, self.sizer.size(len(self.remaining), self.workers), self.alone)
             try:
                 self.running[self.pool.executor.submit(self.run_group, group)] = group
-            except BrokenProcessPool:  # a worker just died
+            except (BrokenProcessPool, OSError) as exc:  # a worker just died
+                if isinstance(exc, OSError) and not getattr(self.pool.executor, "_broken", False):
+                    raise  # a real failure to start a worker (fork, file descriptors): not a death
+                # (the pool's manager marks it broken and closes its call queue while submit, which checked
+                # before, starts a worker that is handed that queue: OSError "handle is closed", not Broken)
                 self.remaining.extend(reversed(group))
                 if self.running:  # the calls in flight say so when collected, and a new pool follows
                     return
